@@ -1,0 +1,531 @@
+// CPU flash attention, forward and backward.
+//
+// Design
+//  * Everything is computed in f32 on f32 scratch tiles; inputs of any
+//    dtype are converted tile by tile (K, V once per head and thread).
+//  * Logits are kept in log2 units: Q is pre-multiplied by scale * log2(e)
+//    so that softmax weights are exp2(s - m), computed by a vectorized
+//    polynomial exp2 (fast_exp.h) that maps -inf to exactly 0.
+//  * The products run on a register-blocked kernel over GCC vector types
+//    (flash_cpu_kernels.h): S = Q K^T reads a K^T panel [H x BK] (keys
+//    contiguous), O += P V reads V rows [BK x Hp] (head dim contiguous).
+//  * Forward: one task per (batch, query head, block of BQ queries), online
+//    softmax over key blocks of BK. Memory per thread: K^T and V of one kv
+//    head (O(S * H)) plus O(BQ * (BK + H)) tiles.
+//  * Backward, deterministic, no atomics: pass 1, one task per (batch,
+//    query head, query block), recomputes P and dP and accumulates dq over
+//    the keys (it also writes D_i = dout_i . o_i); pass 2, one task per
+//    (batch, kv head, key block), recomputes P and dP for every query of the
+//    group's heads and accumulates dk, dv.
+//  * Visibility of key j to query i is Mask::visible; Mask::classify and
+//    the range helpers only let whole blocks be skipped or run unmasked.
+//  * The workers are compiled three times (AVX-512, AVX2+FMA, SSE2) with
+//    GCC target attributes and picked at run time (JAXATTN_CPU_ISA=sse2,
+//    avx2 or avx512 forces one, for testing).
+//  * Threads: std::thread workers pulling tasks from an atomic counter
+//    (parallel_for.h); JAXATTN_CPU_THREADS overrides the count.
+
+#include "cpu/flash_cpu.h"
+
+// The vector helpers pass GCC vector types by value; they are always inlined
+// into workers of the matching target, so the psABI notes do not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "cpu/flash_cpu_kernels.h"
+#include "cpu/parallel_for.h"
+
+namespace jaxattn::cpu {
+namespace {
+
+using namespace kern;
+
+// ---- masking -----------------------------------------------------------------
+
+enum class BlockKind { kNone, kFull, kPartial };
+
+struct Mask {
+  int T = 0, S = 0;
+  bool causal = false;
+
+  explicit Mask(const AttnParams& p) : T(p.seqlen_q), S(p.seqlen_k), causal(p.is_causal) {}
+
+  // The one visibility predicate: does query i see key j?
+  bool visible(int i, int j) const { return !causal || j <= i; }
+
+  // Rows [i0, i1) x keys [j0, j1), both non-empty: kNone if no pair is
+  // visible, kFull if all are, else kPartial (then visible() is asked per
+  // pair). Must agree with visible(); erring towards kPartial is safe.
+  BlockKind classify(int i0, int i1, int j0, int j1) const {
+    if (!causal) return BlockKind::kFull;
+    if (j0 > i1 - 1) return BlockKind::kNone;
+    if (j1 - 1 <= i0) return BlockKind::kFull;
+    return BlockKind::kPartial;
+  }
+
+  // Keys that queries [i0, i1) may see lie in [lo, hi).
+  void key_range(int /*i0*/, int i1, int* lo, int* hi) const {
+    *lo = 0;
+    *hi = causal ? std::min(S, i1) : S;
+  }
+
+  // Queries that may see keys [j0, j1) lie in [lo, hi).
+  void query_range(int j0, int /*j1*/, int* lo, int* hi) const {
+    *lo = causal ? std::min(T, j0) : 0;
+    *hi = T;
+  }
+};
+
+// Sets masked and padding logits of row i (keys j0 + [0, bk)) to -inf;
+// nk keys are real.
+JAXATTN_AI void mask_row(const Mask& mask, BlockKind kind, int i, int j0, int nk, int bk,
+                         float* s) {
+  if (kind == BlockKind::kPartial) {
+    for (int j = 0; j < nk; ++j) {
+      if (!mask.visible(i, j0 + j)) s[j] = -kInf;
+    }
+  }
+  for (int j = nk; j < bk; ++j) s[j] = -kInf;
+}
+
+// ---- per-ISA configuration ----------------------------------------------------
+
+struct IsaAvx512 {
+  using F = f32x16;
+  using I = i32x16;
+  static constexpr int R = 4, CV = 4;  // 16 zmm accumulators
+};
+struct IsaAvx2 {
+  using F = f32x8;
+  using I = i32x8;
+  static constexpr int R = 4, CV = 3;
+};
+struct IsaSse2 {
+  using F = f32x4;
+  using I = i32x4;
+  static constexpr int R = 4, CV = 3;
+};
+
+// Tile sizes (compile-time tuning knobs; the defaults were the fastest on a
+// Zen 4 for H = 64).
+#ifndef JAXATTN_CPU_BQ
+#define JAXATTN_CPU_BQ 64
+#endif
+#ifndef JAXATTN_CPU_BK
+#define JAXATTN_CPU_BK 256
+#endif
+#ifndef JAXATTN_CPU_BK2
+#define JAXATTN_CPU_BK2 64
+#endif
+constexpr int kBQ = JAXATTN_CPU_BQ;  // queries per tile
+// Keys per tile in the forward and the dq pass: at most kBKMax, fewer for a
+// short S (a multiple of the lane count either way).
+constexpr int kBKMax = JAXATTN_CPU_BK;
+// Keys per task (and tile) in the dk/dv pass; a multiple of every lane count.
+constexpr int kBK2 = JAXATTN_CPU_BK2;
+
+inline int key_tile(int S, int lanes) { return std::min(kBKMax, round_up(std::max(S, 1), lanes)); }
+
+// Packs keys [j0, j0 + nk) of one head (x[b, j, h_kv, :]) as a transposed
+// panel dst[h * bk + jj]; columns nk..bk-1 are left as they are.
+template <DType D>
+JAXATTN_AI void pack_panel_t(const void* x, int64_t base, int64_t row_stride, int j0, int nk,
+                             int H, int bk, float* __restrict row, float* __restrict dst) {
+  for (int jj = 0; jj < nk; ++jj) {
+    load_row<D>(x, base + int64_t(j0 + jj) * row_stride, H, 1.f, row);
+    for (int h = 0; h < H; ++h) dst[h * bk + jj] = row[h];
+  }
+}
+
+// ---- forward ---------------------------------------------------------------------
+
+template <class Isa, DType D>
+JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
+  using F = typename Isa::F;
+  using I = typename Isa::I;
+  constexpr int W = sizeof(F) / 4, R = Isa::R, CV = Isa::CV;
+  const int T = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, G = p.group_size();
+  const int H = p.head_dim, Hp = round_up(H, W);
+  const int bk = key_tile(S, W);
+  const int nqb = ceil_div(T, kBQ), nkb = ceil_div(S, bk);
+  const Mask mask(p);
+  const float qmul = p.scale * kLog2e;
+
+  Buf kt(size_t(nkb) * H * bk), vr(size_t(nkb) * bk * Hp), qs(size_t(kBQ) * Hp),
+      st(size_t(kBQ) * bk), oacc(size_t(kBQ) * Hp), row(Hp), mrow(kBQ), lrow(kBQ), alpha(kBQ);
+  int cached_b = -1, cached_kh = -1;
+
+  for (int64_t t; (t = tc.next()) >= 0;) {
+    int qb = int(t % nqb);
+    const int n = int((t / nqb) % N), b = int(t / nqb / N);
+    if (p.is_causal) qb = nqb - 1 - qb;  // heaviest first
+    const int kh = n / G;
+    if (b != cached_b || kh != cached_kh) {
+      const int64_t kbase = b * p.k_batch_stride + kh * p.k_head_stride;
+      const int64_t vbase = b * p.v_batch_stride + kh * p.v_head_stride;
+      for (int kb = 0; kb < nkb; ++kb) {
+        const int j0 = kb * bk, nk = std::min(bk, S - j0);
+        pack_panel_t<D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(),
+                        kt.data() + size_t(kb) * H * bk);
+      }
+      for (int j = 0; j < S; ++j) {
+        load_row<D>(p.v, vbase + j * p.v_row_stride, H, 1.f, vr.data() + size_t(j) * Hp);
+      }
+      cached_b = b;
+      cached_kh = kh;
+    }
+
+    const int i0 = qb * kBQ, nq = std::min(kBQ, T - i0);
+    const int64_t qbase = b * p.q_batch_stride + n * p.q_head_stride;
+    for (int r = 0; r < nq; ++r) {
+      load_row<D>(p.q, qbase + (i0 + r) * p.q_row_stride, H, qmul, qs.data() + r * Hp);
+      mrow[r] = -kInf;
+      lrow[r] = 0.f;
+    }
+    std::memset(oacc.data(), 0, sizeof(float) * nq * Hp);
+
+    int klo, khi;
+    mask.key_range(i0, i0 + nq, &klo, &khi);
+    for (int kb = klo / bk; kb * bk < khi; ++kb) {
+      const int j0 = kb * bk, nk = std::min(bk, S - j0);
+      const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
+      if (kind == BlockKind::kNone) continue;
+      // S = Q K^T (log2 units)
+      gemm<F, R, CV, Acc::kSet>(nq, bk, H, qs.data(), Hp, 1, kt.data() + size_t(kb) * H * bk,
+                                bk, st.data(), bk);
+      // online softmax
+      for (int r = 0; r < nq; ++r) {
+        float* s = st.data() + r * bk;
+        if (kind == BlockKind::kPartial || nk < bk) mask_row(mask, kind, i0 + r, j0, nk, bk, s);
+        F mv = vset1<F>(-kInf);
+        for (int j = 0; j < bk; j += W) mv = vmax(mv, vload<F>(s + j));
+        const float mnew = std::max(mrow[r], hmax(mv));
+        const float muse = mnew == -kInf ? 0.f : mnew;
+        alpha[r] = std::exp2(mrow[r] - muse);
+        F sum = F{};
+        for (int j = 0; j < bk; j += W) {
+          const F e = vexp2<F, I>(vload<F>(s + j) - muse);
+          vstore(s + j, e);
+          sum += e;
+        }
+        lrow[r] = lrow[r] * alpha[r] + hsum(sum);
+        mrow[r] = mnew;
+      }
+      // O = O * alpha + P V
+      gemm<F, R, CV, Acc::kScaleAdd>(nq, Hp, nk, st.data(), bk, 1, vr.data() + size_t(j0) * Hp,
+                                     Hp, oacc.data(), Hp, alpha.data());
+    }
+
+    const int64_t obase = b * p.o_batch_stride + n * p.o_head_stride;
+    for (int r = 0; r < nq; ++r) {
+      const float l = lrow[r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      store_row<D>(oacc.data() + r * Hp, H, inv, p.o, obase + (i0 + r) * p.o_row_stride);
+      if (p.lse) {
+        p.lse[(int64_t(b) * T + i0 + r) * N + n] =
+            l > 0.f ? (mrow[r] + std::log2(l)) * kLn2 : -kInf;
+      }
+    }
+  }
+}
+
+// ---- backward ----------------------------------------------------------------------
+
+// Loads the rows of one query tile that every backward pass needs: Q scaled
+// to log2 units, dout, and the per-row lse in log2 units (+inf for a row
+// with no visible key, so that its P is exp2(-inf) = 0).
+template <DType D>
+JAXATTN_AI void load_bwd_tile(const AttnParams& p, int b, int n, int i0, int nq, int Hp,
+                              float* qs, float* dos, float* lse2) {
+  const int H = p.head_dim, T = p.seqlen_q, N = p.num_heads;
+  const float qmul = p.scale * kLog2e;
+  const int64_t qbase = b * p.q_batch_stride + n * p.q_head_stride;
+  const int64_t obase = b * p.o_batch_stride + n * p.o_head_stride;
+  for (int r = 0; r < nq; ++r) {
+    load_row<D>(p.q, qbase + (i0 + r) * p.q_row_stride, H, qmul, qs + r * Hp);
+    load_row<D>(p.dout, obase + (i0 + r) * p.o_row_stride, H, 1.f, dos + r * Hp);
+    const float l = p.lse[(int64_t(b) * T + i0 + r) * N + n];
+    lse2[r] = l == -kInf ? kInf : l * kLog2e;
+  }
+}
+
+// Rows of P = exp2(S - lse2) (masked) in st, then dS = P * (dP - D) in dp.
+template <class F, class I>
+JAXATTN_AI void p_row(const Mask& mask, BlockKind kind, int i, int j0, int nk, int bk,
+                      float lse2, float* s) {
+  constexpr int W = sizeof(F) / 4;
+  if (kind == BlockKind::kPartial || nk < bk) mask_row(mask, kind, i, j0, nk, bk, s);
+  for (int j = 0; j < bk; j += W) vstore(s + j, vexp2<F, I>(vload<F>(s + j) - lse2));
+}
+
+template <class F>
+JAXATTN_AI void ds_row(int bk, const float* pr, float d, float* dp) {
+  constexpr int W = sizeof(F) / 4;
+  for (int j = 0; j < bk; j += W) vstore(dp + j, vload<F>(pr + j) * (vload<F>(dp + j) - d));
+}
+
+// Pass 1: dq, and D.
+template <class Isa, DType D>
+JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, TaskCounter& tc) {
+  using F = typename Isa::F;
+  using I = typename Isa::I;
+  constexpr int W = sizeof(F) / 4, R = Isa::R, CV = Isa::CV;
+  const int T = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, G = p.group_size();
+  const int H = p.head_dim, Hp = round_up(H, W);
+  const int bk = key_tile(S, W);
+  const int nqb = ceil_div(T, kBQ), nkb = ceil_div(S, bk);
+  const Mask mask(p);
+
+  Buf kt(size_t(nkb) * H * bk), vt(size_t(nkb) * H * bk), kr(size_t(nkb) * bk * Hp),
+      qs(size_t(kBQ) * Hp), dos(size_t(kBQ) * Hp), st(size_t(kBQ) * bk), dp(size_t(kBQ) * bk),
+      dqacc(size_t(kBQ) * Hp), row(Hp), lse2(kBQ), drow(kBQ);
+  int cached_b = -1, cached_kh = -1;
+
+  for (int64_t t; (t = tc.next()) >= 0;) {
+    int qb = int(t % nqb);
+    const int n = int((t / nqb) % N), b = int(t / nqb / N);
+    if (p.is_causal) qb = nqb - 1 - qb;
+    const int kh = n / G;
+    if (b != cached_b || kh != cached_kh) {
+      const int64_t kbase = b * p.k_batch_stride + kh * p.k_head_stride;
+      const int64_t vbase = b * p.v_batch_stride + kh * p.v_head_stride;
+      for (int kb = 0; kb < nkb; ++kb) {
+        const int j0 = kb * bk, nk = std::min(bk, S - j0);
+        pack_panel_t<D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(),
+                        kt.data() + size_t(kb) * H * bk);
+        pack_panel_t<D>(p.v, vbase, p.v_row_stride, j0, nk, H, bk, row.data(),
+                        vt.data() + size_t(kb) * H * bk);
+      }
+      for (int j = 0; j < S; ++j) {
+        load_row<D>(p.k, kbase + j * p.k_row_stride, H, 1.f, kr.data() + size_t(j) * Hp);
+      }
+      cached_b = b;
+      cached_kh = kh;
+    }
+
+    const int i0 = qb * kBQ, nq = std::min(kBQ, T - i0);
+    load_bwd_tile<D>(p, b, n, i0, nq, Hp, qs.data(), dos.data(), lse2.data());
+    const int64_t obase = b * p.o_batch_stride + n * p.o_head_stride;
+    for (int r = 0; r < nq; ++r) {
+      load_row<D>(p.o, obase + (i0 + r) * p.o_row_stride, H, 1.f, row.data());
+      const float* dor = dos.data() + r * Hp;
+      float d = 0.f;
+      for (int h = 0; h < H; ++h) d += dor[h] * row[h];
+      // The lse cotangent enters only here: dS = P * (dP - (D - dlse)).
+      if (p.dlse) d -= p.dlse[(int64_t(b) * T + i0 + r) * N + n];
+      drow[r] = d;
+      dsum[(int64_t(b) * N + n) * T + i0 + r] = d;
+    }
+    std::memset(dqacc.data(), 0, sizeof(float) * nq * Hp);
+
+    int klo, khi;
+    mask.key_range(i0, i0 + nq, &klo, &khi);
+    for (int kb = klo / bk; kb * bk < khi; ++kb) {
+      const int j0 = kb * bk, nk = std::min(bk, S - j0);
+      const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
+      if (kind == BlockKind::kNone) continue;
+      const float* ktp = kt.data() + size_t(kb) * H * bk;
+      const float* vtp = vt.data() + size_t(kb) * H * bk;
+      gemm<F, R, CV, Acc::kSet>(nq, bk, H, qs.data(), Hp, 1, ktp, bk, st.data(), bk);
+      gemm<F, R, CV, Acc::kSet>(nq, bk, H, dos.data(), Hp, 1, vtp, bk, dp.data(), bk);
+      for (int r = 0; r < nq; ++r) {
+        p_row<F, I>(mask, kind, i0 + r, j0, nk, bk, lse2[r], st.data() + r * bk);
+        ds_row<F>(bk, st.data() + r * bk, drow[r], dp.data() + r * bk);
+      }
+      gemm<F, R, CV, Acc::kAdd>(nq, Hp, nk, dp.data(), bk, 1, kr.data() + size_t(j0) * Hp, Hp,
+                                dqacc.data(), Hp);
+    }
+
+    const int64_t qbase = b * p.q_batch_stride + n * p.q_head_stride;
+    for (int r = 0; r < nq; ++r) {
+      store_row<D>(dqacc.data() + r * Hp, H, p.scale, p.dq, qbase + (i0 + r) * p.q_row_stride);
+    }
+  }
+}
+
+// Pass 2: dk, dv. dsum holds D from pass 1.
+template <class Isa, DType D>
+JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCounter& tc) {
+  using F = typename Isa::F;
+  using I = typename Isa::I;
+  constexpr int W = sizeof(F) / 4, R = Isa::R, CV = Isa::CV;
+  const int T = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, K = p.num_heads_k;
+  const int G = p.group_size();
+  const int H = p.head_dim, Hp = round_up(H, W);
+  const int bk = kBK2;
+  const int nkb = ceil_div(S, bk);
+  const Mask mask(p);
+
+  Buf kt(size_t(H) * bk), vt(size_t(H) * bk), qs(size_t(kBQ) * Hp), dos(size_t(kBQ) * Hp),
+      st(size_t(kBQ) * bk), dp(size_t(kBQ) * bk), dkacc(size_t(bk) * Hp),
+      dvacc(size_t(bk) * Hp), row(Hp), lse2(kBQ);
+
+  for (int64_t t; (t = tc.next()) >= 0;) {
+    int kb = int(t % nkb);
+    const int kh = int((t / nkb) % K), b = int(t / nkb / K);
+    if (p.is_causal) kb = nkb - 1 - kb;  // reversed: heaviest (first keys) last
+    const int j0 = kb * bk, nk = std::min(bk, S - j0);
+    const int64_t kbase = b * p.k_batch_stride + kh * p.k_head_stride;
+    const int64_t vbase = b * p.v_batch_stride + kh * p.v_head_stride;
+    // Padding columns must be 0 (finite): this buffer is reused across blocks.
+    if (nk < bk) {
+      std::memset(kt.data(), 0, sizeof(float) * H * bk);
+      std::memset(vt.data(), 0, sizeof(float) * H * bk);
+    }
+    pack_panel_t<D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(), kt.data());
+    pack_panel_t<D>(p.v, vbase, p.v_row_stride, j0, nk, H, bk, row.data(), vt.data());
+    std::memset(dkacc.data(), 0, sizeof(float) * bk * Hp);
+    std::memset(dvacc.data(), 0, sizeof(float) * bk * Hp);
+
+    int qlo, qhi;
+    mask.query_range(j0, j0 + nk, &qlo, &qhi);
+    for (int g = 0; g < G; ++g) {
+      const int n = kh * G + g;
+      for (int i0 = qlo; i0 < qhi; i0 += kBQ) {
+        const int nq = std::min(kBQ, qhi - i0);
+        const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
+        if (kind == BlockKind::kNone) continue;
+        load_bwd_tile<D>(p, b, n, i0, nq, Hp, qs.data(), dos.data(), lse2.data());
+        const float* drow = dsum + (int64_t(b) * N + n) * T + i0;
+        gemm<F, R, CV, Acc::kSet>(nq, bk, H, qs.data(), Hp, 1, kt.data(), bk, st.data(), bk);
+        for (int r = 0; r < nq; ++r) {
+          p_row<F, I>(mask, kind, i0 + r, j0, nk, bk, lse2[r], st.data() + r * bk);
+        }
+        // dV += P^T dout
+        gemm<F, R, CV, Acc::kAdd>(nk, Hp, nq, st.data(), 1, bk, dos.data(), Hp, dvacc.data(),
+                                  Hp);
+        gemm<F, R, CV, Acc::kSet>(nq, bk, H, dos.data(), Hp, 1, vt.data(), bk, dp.data(), bk);
+        for (int r = 0; r < nq; ++r) ds_row<F>(bk, st.data() + r * bk, drow[r], dp.data() + r * bk);
+        // dK += dS^T Q (Q in log2 units: rescaled at the end)
+        gemm<F, R, CV, Acc::kAdd>(nk, Hp, nq, dp.data(), 1, bk, qs.data(), Hp, dkacc.data(), Hp);
+      }
+    }
+
+    for (int jj = 0; jj < nk; ++jj) {
+      store_row<D>(dkacc.data() + jj * Hp, H, kLn2, p.dk, kbase + (j0 + jj) * p.k_row_stride);
+      store_row<D>(dvacc.data() + jj * Hp, H, 1.f, p.dv, vbase + (j0 + jj) * p.v_row_stride);
+    }
+  }
+}
+
+// ---- ISA dispatch ---------------------------------------------------------------
+
+#define JAXATTN_DEFINE_WORKERS(ISA, TARGET)                                              \
+  TARGET void fwd_##ISA(const AttnParams& p, TaskCounter& tc) {                          \
+    switch (p.dtype) {                                                                   \
+      case DType::kF32: return fwd_worker<ISA, DType::kF32>(p, tc);                      \
+      case DType::kBF16: return fwd_worker<ISA, DType::kBF16>(p, tc);                    \
+      case DType::kF16: return fwd_worker<ISA, DType::kF16>(p, tc);                      \
+    }                                                                                    \
+  }                                                                                      \
+  TARGET void bwd_dq_##ISA(const AttnParams& p, float* dsum, TaskCounter& tc) {          \
+    switch (p.dtype) {                                                                   \
+      case DType::kF32: return bwd_dq_worker<ISA, DType::kF32>(p, dsum, tc);             \
+      case DType::kBF16: return bwd_dq_worker<ISA, DType::kBF16>(p, dsum, tc);           \
+      case DType::kF16: return bwd_dq_worker<ISA, DType::kF16>(p, dsum, tc);             \
+    }                                                                                    \
+  }                                                                                      \
+  TARGET void bwd_dkdv_##ISA(const AttnParams& p, const float* dsum, TaskCounter& tc) {  \
+    switch (p.dtype) {                                                                   \
+      case DType::kF32: return bwd_dkdv_worker<ISA, DType::kF32>(p, dsum, tc);           \
+      case DType::kBF16: return bwd_dkdv_worker<ISA, DType::kBF16>(p, dsum, tc);         \
+      case DType::kF16: return bwd_dkdv_worker<ISA, DType::kF16>(p, dsum, tc);           \
+    }                                                                                    \
+  }
+
+#define JAXATTN_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c,bmi,bmi2")))
+#define JAXATTN_TARGET_AVX2 __attribute__((target("avx2,fma,f16c,bmi,bmi2")))
+#define JAXATTN_TARGET_SSE2
+
+JAXATTN_DEFINE_WORKERS(IsaAvx512, JAXATTN_TARGET_AVX512)
+JAXATTN_DEFINE_WORKERS(IsaAvx2, JAXATTN_TARGET_AVX2)
+JAXATTN_DEFINE_WORKERS(IsaSse2, JAXATTN_TARGET_SSE2)
+
+enum class Isa { kSse2, kAvx2, kAvx512 };
+
+Isa detect_isa() {
+  if (const char* env = std::getenv("JAXATTN_CPU_ISA")) {
+    if (std::strcmp(env, "sse2") == 0) return Isa::kSse2;
+    if (std::strcmp(env, "avx2") == 0) return Isa::kAvx2;
+    if (std::strcmp(env, "avx512") == 0) return Isa::kAvx512;
+  }
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")) {
+    return Isa::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  return Isa::kSse2;
+}
+
+// Workers for ntasks tasks of about flops_per_task each: a single thread for
+// small problems (thread start-up costs tens of microseconds).
+int workers_for(int64_t ntasks, double flops_per_task) {
+  const int64_t by_work = int64_t(double(ntasks) * flops_per_task / 2e6) + 1;
+  return int(std::max<int64_t>(1, std::min<int64_t>({int64_t(num_threads()), ntasks, by_work})));
+}
+
+bool empty_problem(const AttnParams& p) {
+  return p.batch <= 0 || p.num_heads <= 0 || p.num_heads_k <= 0 || p.head_dim <= 0;
+}
+
+}  // namespace
+
+void flash_fwd(const AttnParams& p) {
+  if (empty_problem(p) || p.seqlen_q <= 0) return;
+  const int64_t ntasks = int64_t(p.batch) * p.num_heads * ceil_div(p.seqlen_q, kBQ);
+  TaskCounter tc(ntasks);
+  const double flops = 4.0 * kBQ * std::max(p.seqlen_k, 1) * p.head_dim;
+  const Isa isa = detect_isa();
+  run_parallel(workers_for(ntasks, flops), [&](int) {
+    switch (isa) {
+      case Isa::kAvx512: return fwd_IsaAvx512(p, tc);
+      case Isa::kAvx2: return fwd_IsaAvx2(p, tc);
+      case Isa::kSse2: return fwd_IsaSse2(p, tc);
+    }
+  });
+}
+
+void flash_bwd(const AttnParams& p) {
+  if (empty_problem(p)) return;
+  const Isa isa = detect_isa();
+  const int T = p.seqlen_q, S = p.seqlen_k;
+  std::vector<float> dsum_own;
+  float* dsum = p.dpsum;
+  if (dsum == nullptr && T > 0) {
+    dsum_own.assign(size_t(p.batch) * p.num_heads * T, 0.f);
+    dsum = dsum_own.data();
+  }
+  if (T > 0) {
+    const int64_t ntasks = int64_t(p.batch) * p.num_heads * ceil_div(T, kBQ);
+    TaskCounter tc(ntasks);
+    const double flops = 6.0 * kBQ * std::max(S, 1) * p.head_dim;
+    run_parallel(workers_for(ntasks, flops), [&](int) {
+      switch (isa) {
+        case Isa::kAvx512: return bwd_dq_IsaAvx512(p, dsum, tc);
+        case Isa::kAvx2: return bwd_dq_IsaAvx2(p, dsum, tc);
+        case Isa::kSse2: return bwd_dq_IsaSse2(p, dsum, tc);
+      }
+    });
+  }
+  if (S > 0) {
+    const int64_t ntasks = int64_t(p.batch) * p.num_heads_k * ceil_div(S, kBK2);
+    TaskCounter tc(ntasks);
+    const double flops = 8.0 * kBK2 * std::max(T, 1) * p.head_dim * p.group_size();
+    run_parallel(workers_for(ntasks, flops), [&](int) {
+      switch (isa) {
+        case Isa::kAvx512: return bwd_dkdv_IsaAvx512(p, dsum, tc);
+        case Isa::kAvx2: return bwd_dkdv_IsaAvx2(p, dsum, tc);
+        case Isa::kSse2: return bwd_dkdv_IsaSse2(p, dsum, tc);
+      }
+    });
+  }
+}
+
+}  // namespace jaxattn::cpu

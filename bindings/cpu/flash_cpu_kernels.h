@@ -1,0 +1,224 @@
+// Building blocks of the CPU flash-attention kernels, written on GCC vector
+// extensions so that one source serves SSE2 (4 lanes), AVX2 (8) and AVX-512
+// (16): every function here is always_inline and instantiated only inside a
+// worker compiled with the matching target attribute (see flash_cpu.cc).
+//
+// Internal only: include from flash_cpu.cc.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <new>
+
+#include "common/params.h"
+#include "cpu/fast_exp.h"
+#include "cpu/half_convert.h"
+
+// Vector types passed by value between always-inlined helpers: no ABI issue.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace jaxattn::cpu::kern {
+
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x4 __attribute__((vector_size(16)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.69314718055994531f;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+inline int round_up(int a, int b) { return ceil_div(a, b) * b; }
+
+template <class F>
+JAXATTN_AI F vload(const float* p) {
+  F v;
+  std::memcpy(&v, p, sizeof(F));
+  return v;
+}
+
+template <class F>
+JAXATTN_AI void vstore(float* p, const F& v) {
+  std::memcpy(p, &v, sizeof(F));
+}
+
+template <class F>
+JAXATTN_AI F vset1(float x) {
+  return F{} + x;
+}
+
+template <class F>
+JAXATTN_AI F vmax(const F& a, const F& b) {
+  return a > b ? a : b;
+}
+
+template <class F>
+JAXATTN_AI float hmax(const F& v) {
+  float m = v[0];
+  for (int i = 1; i < int(sizeof(F) / 4); ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+template <class F>
+JAXATTN_AI float hsum(const F& v) {
+  float s = v[0];
+  for (int i = 1; i < int(sizeof(F) / 4); ++i) s += v[i];
+  return s;
+}
+
+// 64-byte aligned, zero-initialized f32 scratch.
+class Buf {
+ public:
+  Buf() = default;
+  explicit Buf(size_t n) { resize(n); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  ~Buf() { release(); }
+  void resize(size_t n) {
+    release();
+    n_ = n;
+    if (n == 0) return;
+    p_ = static_cast<float*>(::operator new(n * sizeof(float), std::align_val_t(64)));
+    std::memset(p_, 0, n * sizeof(float));
+  }
+  float* data() { return p_; }
+  float& operator[](size_t i) { return p_[i]; }
+
+ private:
+  void release() {
+    if (p_) ::operator delete(p_, std::align_val_t(64));
+    p_ = nullptr;
+  }
+  float* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// ---- element conversions ------------------------------------------------------
+
+// dst[h] = float(src[off + h]) * mul for h < n. Plain loops that GCC
+// vectorizes in the calling target.
+template <DType D>
+JAXATTN_AI void load_row(const void* base, int64_t off, int n, float mul, float* __restrict dst) {
+  if constexpr (D == DType::kF32) {
+    const float* __restrict s = static_cast<const float*>(base) + off;
+    for (int h = 0; h < n; ++h) dst[h] = s[h] * mul;
+  } else if constexpr (D == DType::kBF16) {
+    const uint16_t* __restrict s = static_cast<const uint16_t*>(base) + off;
+    for (int h = 0; h < n; ++h) dst[h] = bits_to_f32(uint32_t(s[h]) << 16) * mul;
+  } else {
+    const uint16_t* __restrict s = static_cast<const uint16_t*>(base) + off;
+    for (int h = 0; h < n; ++h) {
+      const uint32_t x = s[h];
+      const uint32_t mag = x & 0x7fffu;
+      uint32_t u = f32_to_bits(bits_to_f32(mag << 13) * 0x1p112f);
+      u = mag >= 0x7c00u ? ((mag << 13) | 0x7f800000u) : u;
+      dst[h] = bits_to_f32(u | ((x & 0x8000u) << 16)) * mul;
+    }
+  }
+}
+
+// dst[off + h] = convert(src[h] * mul) for h < n (round to nearest even).
+template <DType D>
+JAXATTN_AI void store_row(const float* __restrict src, int n, float mul, void* base, int64_t off) {
+  if constexpr (D == DType::kF32) {
+    float* __restrict d = static_cast<float*>(base) + off;
+    for (int h = 0; h < n; ++h) d[h] = src[h] * mul;
+  } else if constexpr (D == DType::kBF16) {
+    uint16_t* __restrict d = static_cast<uint16_t*>(base) + off;
+    for (int h = 0; h < n; ++h) d[h] = f32_to_bf16(src[h] * mul);
+  } else {
+    uint16_t* __restrict d = static_cast<uint16_t*>(base) + off;
+    for (int h = 0; h < n; ++h) d[h] = f32_to_f16(src[h] * mul);
+  }
+}
+
+// ---- register-blocked matrix product ----------------------------------------------
+
+enum class Acc { kSet, kAdd, kScaleAdd };
+
+// C[r][c] (op)= sum_{k < kd} A(r, k) * B[k * ldb + c], r < R, c < CV * W,
+// with A(r, k) = a[r * ars + k * aks] (so a transposed A is just strides).
+// kSet: C = AB; kAdd: C += AB; kScaleAdd: C = C * rs[r] + AB.
+template <class F, int R, int CV, Acc MODE>
+JAXATTN_AI void micro(int kd, const float* __restrict a, int64_t ars, int64_t aks,
+                      const float* __restrict b, int64_t ldb, float* __restrict c, int64_t ldc,
+                      const float* __restrict rs) {
+  constexpr int W = sizeof(F) / 4;
+  F acc[R][CV];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int v = 0; v < CV; ++v) {
+      if constexpr (MODE == Acc::kSet) {
+        acc[r][v] = F{};
+      } else if constexpr (MODE == Acc::kAdd) {
+        acc[r][v] = vload<F>(c + r * ldc + v * W);
+      } else {
+        acc[r][v] = vload<F>(c + r * ldc + v * W) * rs[r];
+      }
+    }
+  }
+  for (int k = 0; k < kd; ++k) {
+    F bv[CV];
+#pragma GCC unroll 16
+    for (int v = 0; v < CV; ++v) bv[v] = vload<F>(b + k * ldb + v * W);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float av = a[r * ars + k * aks];
+#pragma GCC unroll 16
+      for (int v = 0; v < CV; ++v) acc[r][v] += av * bv[v];
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int v = 0; v < CV; ++v) vstore<F>(c + r * ldc + v * W, acc[r][v]);
+  }
+}
+
+template <class F, int R, int CVMAX, Acc MODE>
+JAXATTN_AI void micro_cv(int cv, int kd, const float* a, int64_t ars, int64_t aks, const float* b,
+                         int64_t ldb, float* c, int64_t ldc, const float* rs) {
+  static_assert(CVMAX >= 1 && CVMAX <= 4, "CVMAX in 1..4");
+  if (cv == CVMAX) {
+    micro<F, R, CVMAX, MODE>(kd, a, ars, aks, b, ldb, c, ldc, rs);
+  } else if constexpr (CVMAX > 1) {
+    if (cv == 1) micro<F, R, 1, MODE>(kd, a, ars, aks, b, ldb, c, ldc, rs);
+    if constexpr (CVMAX > 2) {
+      if (cv == 2) micro<F, R, 2, MODE>(kd, a, ars, aks, b, ldb, c, ldc, rs);
+    }
+    if constexpr (CVMAX > 3) {
+      if (cv == 3) micro<F, R, 3, MODE>(kd, a, ars, aks, b, ldb, c, ldc, rs);
+    }
+  }
+}
+
+// C[m x nc] (op)= A(m x kd) B[kd x nc]; nc a multiple of the lane count.
+template <class F, int R, int CVMAX, Acc MODE>
+JAXATTN_AI void gemm(int m, int nc, int kd, const float* a, int64_t ars, int64_t aks,
+                     const float* b, int64_t ldb, float* c, int64_t ldc,
+                     const float* rs = nullptr) {
+  constexpr int W = sizeof(F) / 4;
+  const int nv = nc / W;
+  for (int v0 = 0; v0 < nv; v0 += CVMAX) {
+    const int cv = nv - v0 < CVMAX ? nv - v0 : CVMAX;
+    const float* bb = b + v0 * W;
+    float* cc = c + v0 * W;
+    int r = 0;
+    for (; r + R <= m; r += R) {
+      micro_cv<F, R, CVMAX, MODE>(cv, kd, a + r * ars, ars, aks, bb, ldb, cc + r * ldc, ldc,
+                                  rs ? rs + r : nullptr);
+    }
+    for (; r < m; ++r) {
+      micro_cv<F, 1, CVMAX, MODE>(cv, kd, a + r * ars, ars, aks, bb, ldb, cc + r * ldc, ldc,
+                                  rs ? rs + r : nullptr);
+    }
+  }
+}
+
+}  // namespace jaxattn::cpu::kern

@@ -1,0 +1,56 @@
+// A minimal fork-join helper over std::thread: no pool, no OpenMP.
+//
+// run_parallel(n, fn) calls fn(worker_index) on n workers (the caller is
+// worker 0) and returns once all are done. Work is shared between workers
+// by a TaskCounter they pull task indices from (dynamic scheduling).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+namespace jaxattn::cpu {
+
+// Number of worker threads: $JAXATTN_CPU_THREADS if set to a positive
+// integer, else std::thread::hardware_concurrency() (at least 1).
+inline int num_threads() {
+  if (const char* env = std::getenv("JAXATTN_CPU_THREADS")) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (end != env && v > 0) return v > 1024 ? 1024 : int(v);
+  }
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : int(hw);
+}
+
+class TaskCounter {
+ public:
+  explicit TaskCounter(int64_t num_tasks) : num_tasks_(num_tasks) {}
+  // Next task index, or -1 once all are handed out.
+  int64_t next() {
+    const int64_t t = next_.fetch_add(1, std::memory_order_relaxed);
+    return t < num_tasks_ ? t : -1;
+  }
+  int64_t num_tasks() const { return num_tasks_; }
+
+ private:
+  alignas(64) std::atomic<int64_t> next_{0};
+  int64_t num_tasks_;
+};
+
+template <class Fn>
+void run_parallel(int num_workers, Fn&& fn) {
+  if (num_workers <= 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(num_workers - 1);
+  for (int w = 1; w < num_workers; ++w) threads.emplace_back([&fn, w] { fn(w); });
+  fn(0);
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace jaxattn::cpu

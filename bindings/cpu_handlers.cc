@@ -1,0 +1,54 @@
+// XLA FFI handlers of the CPU backend: jaxattn_cpu_fwd and jaxattn_cpu_bwd.
+#include "cpu_handlers.h"
+
+#include "cpu/flash_cpu.h"
+#include "ffi_params.h"
+
+namespace jaxattn {
+
+static ffi::Error cpu_fwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                          ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                          float scale, bool is_causal) {
+  AttnParams p;
+  if (auto e = fill_forward(p, q, k, v, *o, *lse, scale, is_causal); e.failure()) return e;
+  cpu::flash_fwd(p);
+  return ffi::Error::Success();
+}
+
+static ffi::Error cpu_bwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,
+                          ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::Buffer<ffi::F32> dlse,
+                          ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                          ffi::Result<ffi::AnyBuffer> dv, float scale, bool is_causal) {
+  AttnParams p;
+  if (auto e = fill_backward(p, q, k, v, o, lse, dout, dlse, *dq, *dk, *dv, scale, is_causal); e.failure())
+    return e;
+  cpu::flash_bwd(p);
+  return ffi::Error::Success();
+}
+
+}  // namespace jaxattn
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxattnCpuFwd, jaxattn::cpu_fwd,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()  // q
+                                  .Arg<xla::ffi::AnyBuffer>()  // k
+                                  .Arg<xla::ffi::AnyBuffer>()  // v
+                                  .Ret<xla::ffi::AnyBuffer>()  // o
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // lse
+                                  .Attr<float>("scale")
+                                  .Attr<bool>("is_causal"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxattnCpuBwd, jaxattn::cpu_bwd,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()  // q
+                                  .Arg<xla::ffi::AnyBuffer>()  // k
+                                  .Arg<xla::ffi::AnyBuffer>()  // v
+                                  .Arg<xla::ffi::AnyBuffer>()  // o
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // lse
+                                  .Arg<xla::ffi::AnyBuffer>()  // dout
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // dlse
+                                  .Ret<xla::ffi::AnyBuffer>()  // dq
+                                  .Ret<xla::ffi::AnyBuffer>()  // dk
+                                  .Ret<xla::ffi::AnyBuffer>()  // dv
+                                  .Attr<float>("scale")
+                                  .Attr<bool>("is_causal"));

@@ -1,0 +1,120 @@
+// XLA FFI handlers of the CUDA backend: jaxattn_cuda_fwd and jaxattn_cuda_bwd.
+//
+// They only enqueue kernels on XLA's stream: no host synchronisation, no
+// allocation (workspace buffers are extra outputs of the ffi_call), so they
+// are declared compatible with command buffers (CUDA graphs).
+#include "cuda_handlers.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "ffi_params.h"
+#include "launch.h"
+
+namespace jaxattn {
+
+// What the portable kernels cover; the Python dispatch rule mirrors it
+// (jaxattn/dispatch.py) so unsupported calls never reach here.
+static ffi::Error check_cuda_supported(const AttnParams& p) {
+  if (p.dtype == DType::kF32)
+    return ffi::Error(ffi::ErrorCode::kUnimplemented, "jaxattn: the CUDA kernels take bfloat16 or float16, not float32");
+  if (p.head_dim % 8 != 0)
+    return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                      "jaxattn: the CUDA kernels need a head dim that is a multiple of 8, got " + std::to_string(p.head_dim));
+  return ffi::Error::Success();
+}
+
+// Compute capability of the device that runs `stream`.
+static void device_cc(cudaStream_t stream, int* major, int* minor) {
+  int dev = 0;
+  if (cudaStreamGetDevice(stream, &dev) != cudaSuccess) {
+    cudaGetLastError();  // clear it; fall back to the current device
+    cudaGetDevice(&dev);
+  }
+  cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev);
+}
+
+// The forward's dispatch rule: the Hopper kernel where it covers the call,
+// else the portable one.
+static cuda::LaunchStatus launch_forward(const AttnParams& p, cudaStream_t stream, bool portable_only) {
+#ifdef JAXATTN_WITH_SM90
+  int major = 0, minor = 0;
+  if (portable_only) return cuda::flash_fwd_sm80(p, stream);
+  device_cc(stream, &major, &minor);
+  if (cuda::sm90_fwd_supports(p, major, minor)) return cuda::flash_fwd_sm90(p, stream);
+#endif
+  (void)portable_only;
+  return cuda::flash_fwd_sm80(p, stream);
+}
+
+static ffi::Error to_ffi_error(const cuda::LaunchStatus& s) {
+  if (s.ok()) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string("jaxattn: CUDA error in ") + s.kernel + ": " + cudaGetErrorName(s.error) +
+                              " (" + cudaGetErrorString(s.error) + ")");
+}
+
+static ffi::Error cuda_fwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse, float scale,
+                           bool is_causal, bool portable_only) {
+  AttnParams p;
+  if (auto e = fill_forward(p, q, k, v, *o, *lse, scale, is_causal); e.failure()) return e;
+  if (auto e = check_cuda_supported(p); e.failure()) return e;
+  return to_ffi_error(launch_forward(p, stream, portable_only));
+}
+
+static ffi::Error cuda_bwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
+                           ffi::Buffer<ffi::F32> dlse, ffi::Result<ffi::AnyBuffer> dq,
+                           ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                           ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
+                           float scale, bool is_causal) {
+  AttnParams p;
+  if (auto e = fill_backward(p, q, k, v, o, lse, dout, dlse, *dq, *dk, *dv, scale, is_causal); e.failure())
+    return e;
+  if (auto e = check_cuda_supported(p); e.failure()) return e;
+  // Workspace: dq_accum is q-shaped, dpsum is [..., N, T].
+  if (!same_dims(dq_accum->dimensions(), q.dimensions()))
+    return invalid("dq_accum workspace must have the query's shape");
+  const int64_t want_dpsum = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q;
+  if (static_cast<int64_t>(dpsum->element_count()) != want_dpsum)
+    return invalid("dpsum workspace must hold batch * heads * T floats");
+  p.dq_accum = dq_accum->typed_data();
+  p.dpsum = dpsum->typed_data();
+  return to_ffi_error(cuda::flash_bwd_sm80(p, stream));
+}
+
+}  // namespace jaxattn
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxattnCudaFwd, jaxattn::cuda_fwd,
+                       xla::ffi::Ffi::Bind()
+                           .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                           .Arg<xla::ffi::AnyBuffer>()  // q
+                           .Arg<xla::ffi::AnyBuffer>()  // k
+                           .Arg<xla::ffi::AnyBuffer>()  // v
+                           .Ret<xla::ffi::AnyBuffer>()  // o
+                           .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // lse
+                           .Attr<float>("scale")
+                           .Attr<bool>("is_causal")
+                           .Attr<bool>("portable_only"),  // skip the Hopper kernel
+                       {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxattnCudaBwd, jaxattn::cuda_bwd,
+                       xla::ffi::Ffi::Bind()
+                           .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                           .Arg<xla::ffi::AnyBuffer>()  // q
+                           .Arg<xla::ffi::AnyBuffer>()  // k
+                           .Arg<xla::ffi::AnyBuffer>()  // v
+                           .Arg<xla::ffi::AnyBuffer>()  // o
+                           .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // lse
+                           .Arg<xla::ffi::AnyBuffer>()  // dout
+                           .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // dlse
+                           .Ret<xla::ffi::AnyBuffer>()  // dq
+                           .Ret<xla::ffi::AnyBuffer>()  // dk
+                           .Ret<xla::ffi::AnyBuffer>()  // dv
+                           .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // dq_accum (workspace)
+                           .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // dpsum (workspace)
+                           .Attr<float>("scale")
+                           .Attr<bool>("is_causal"),
+                       {xla::ffi::Traits::kCmdBufferCompatible});

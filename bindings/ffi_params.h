@@ -1,0 +1,140 @@
+// Turns the XLA FFI buffers of a call into the one AttnParams every backend
+// reads, validating shapes and dtypes on the way. Shared by the CPU and CUDA
+// handlers, so both accept exactly the same calls.
+//
+// Buffers: q [..., T, N, H], k and v [..., S, K, H], every leading dimension
+// folded into the batch (vmap adds leading dimensions).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "common/params.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxattn {
+
+namespace ffi = xla::ffi;
+
+inline std::string dims_str(ffi::AnyBuffer::Dimensions d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+inline ffi::Error invalid(const std::string& what) {
+  return ffi::Error::InvalidArgument("jaxattn: " + what);
+}
+
+inline bool dtype_of(ffi::DataType t, DType* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = DType::kF32; return true;
+    case ffi::DataType::BF16: *out = DType::kBF16; return true;
+    case ffi::DataType::F16: *out = DType::kF16; return true;
+    default: return false;
+  }
+}
+
+// True when `b` has exactly the dimensions `want`.
+inline bool same_dims(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
+// `b` must be `ref` without its last dimension (lse, dlse against q).
+inline bool is_row_stat_of(ffi::AnyBuffer::Dimensions ref, ffi::AnyBuffer::Dimensions b) {
+  if (b.size() + 1 != ref.size()) return false;
+  for (size_t i = 0; i < b.size(); ++i)
+    if (b[i] != ref[i]) return false;
+  return true;
+}
+
+// Sizes, dtype and options from q, k, v; strides of contiguous buffers.
+inline ffi::Error fill_sizes(AttnParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                             const ffi::AnyBuffer& v, float scale, bool is_causal) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  if (qd.size() < 4) return invalid("query must have rank >= 4, got " + dims_str(qd));
+  if (kd.size() != qd.size() || vd.size() != qd.size())
+    return invalid("query, key, value ranks differ: " + dims_str(qd) + ", " + dims_str(kd) + ", " + dims_str(vd));
+  if (!same_dims(kd, vd)) return invalid("key and value shapes differ: " + dims_str(kd) + " vs " + dims_str(vd));
+  const size_t r = qd.size();
+  int64_t batch = 1;
+  for (size_t i = 0; i + 3 < r; ++i) {
+    if (qd[i] != kd[i]) return invalid("batch dimensions of query " + dims_str(qd) + " and key " + dims_str(kd) + " differ");
+    batch *= qd[i];
+  }
+  if (qd[r - 1] != kd[r - 1]) return invalid("head dims of query " + dims_str(qd) + " and key " + dims_str(kd) + " differ");
+  const int64_t N = qd[r - 2], K = kd[r - 2];
+  if (K <= 0 || N % K != 0) return invalid("query heads must be a multiple of key heads: " + dims_str(qd) + " vs " + dims_str(kd));
+  if (q.element_type() != k.element_type() || q.element_type() != v.element_type())
+    return invalid("query, key and value must share one dtype");
+  if (!dtype_of(q.element_type(), &p.dtype)) return invalid("dtype must be float32, bfloat16 or float16");
+  const int64_t T = qd[r - 3], S = kd[r - 3], H = qd[r - 1];
+  if (H < 1 || H > 256) return invalid("head dim must be in [1, 256], got " + std::to_string(H));
+  if (S < 1) return invalid("key/value sequence must not be empty");
+  // Empty queries or batches never reach a kernel: the Python wrapper
+  // returns zeros without a call, so an empty call here is a caller's bug.
+  if (batch < 1 || T < 1 || N < 1) return invalid("query must not be empty, got " + dims_str(qd));
+  if (!std::isfinite(scale)) return invalid("scale must be finite");
+  const int64_t kIntMax = 2147483647;
+  if (batch > kIntMax || T > kIntMax || S > kIntMax || N > kIntMax)
+    return invalid("sizes too large");
+  p.batch = static_cast<int>(batch);
+  p.seqlen_q = static_cast<int>(T);
+  p.seqlen_k = static_cast<int>(S);
+  p.num_heads = static_cast<int>(N);
+  p.num_heads_k = static_cast<int>(K);
+  p.head_dim = static_cast<int>(H);
+  p.scale = scale;
+  p.is_causal = is_causal;
+  set_contiguous_strides(p);
+  p.q = q.untyped_data();
+  p.k = k.untyped_data();
+  p.v = v.untyped_data();
+  return ffi::Error::Success();
+}
+
+// The forward call: q, k, v -> o, lse.
+inline ffi::Error fill_forward(AttnParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                               const ffi::AnyBuffer& v, ffi::AnyBuffer& o, ffi::Buffer<ffi::F32>& lse,
+                               float scale, bool is_causal) {
+  if (auto e = fill_sizes(p, q, k, v, scale, is_causal); e.failure()) return e;
+  if (!same_dims(o.dimensions(), q.dimensions()) || o.element_type() != q.element_type())
+    return invalid("output must have the query's shape and dtype");
+  if (!is_row_stat_of(q.dimensions(), lse.dimensions()))
+    return invalid("lse must have shape " + dims_str(q.dimensions()) + " without its last dimension, got " + dims_str(lse.dimensions()));
+  p.o = o.untyped_data();
+  p.lse = lse.typed_data();
+  return ffi::Error::Success();
+}
+
+// The backward call: q, k, v, o, lse, dout, dlse -> dq, dk, dv.
+inline ffi::Error fill_backward(AttnParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                                const ffi::AnyBuffer& v, const ffi::AnyBuffer& o,
+                                const ffi::Buffer<ffi::F32>& lse, const ffi::AnyBuffer& dout,
+                                const ffi::Buffer<ffi::F32>& dlse, ffi::AnyBuffer& dq, ffi::AnyBuffer& dk,
+                                ffi::AnyBuffer& dv, float scale, bool is_causal) {
+  if (auto e = fill_sizes(p, q, k, v, scale, is_causal); e.failure()) return e;
+  auto qd = q.dimensions();
+  for (const ffi::AnyBuffer* b : {&o, &dout, static_cast<const ffi::AnyBuffer*>(&dq)})
+    if (!same_dims(b->dimensions(), qd) || b->element_type() != q.element_type())
+      return invalid("out, d_out and d_query must have the query's shape and dtype");
+  for (const ffi::AnyBuffer* b : {&dk, &dv})
+    if (!same_dims(b->dimensions(), k.dimensions()) || b->element_type() != k.element_type())
+      return invalid("d_key and d_value must have the key's shape and dtype");
+  if (!is_row_stat_of(qd, lse.dimensions()) || !is_row_stat_of(qd, dlse.dimensions()))
+    return invalid("lse and d_lse must have shape " + dims_str(qd) + " without its last dimension");
+  p.o = const_cast<void*>(o.untyped_data());
+  p.lse = const_cast<float*>(lse.typed_data());
+  p.dout = dout.untyped_data();
+  p.dlse = dlse.typed_data();
+  p.dq = dq.untyped_data();
+  p.dk = dk.untyped_data();
+  p.dv = dv.untyped_data();
+  return ffi::Error::Success();
+}
+
+}  // namespace jaxattn

@@ -1,0 +1,60 @@
+// The one Python extension: exports every XLA FFI handler as a capsule.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
+
+#include "cpu_handlers.h"
+#ifdef JAXATTN_WITH_CUDA
+#include "cuda_handlers.h"
+#include "launch.h"
+#endif
+
+namespace nb = nanobind;
+
+template <typename T>
+static nb::capsule capsule(T* fn) {
+  static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>, "not an XLA FFI handler");
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+NB_MODULE(_jaxattn, m) {
+  m.doc() = "jaxattn's XLA FFI handlers";
+  m.def("cpu_targets", []() {
+    nb::dict d;
+    d["jaxattn_cpu_fwd"] = capsule(JaxattnCpuFwd);
+    d["jaxattn_cpu_bwd"] = capsule(JaxattnCpuBwd);
+    return d;
+  });
+  m.def("cuda_targets", []() {
+    nb::dict d;
+#ifdef JAXATTN_WITH_CUDA
+    d["jaxattn_cuda_fwd"] = capsule(JaxattnCudaFwd);
+    d["jaxattn_cuda_bwd"] = capsule(JaxattnCudaBwd);
+#endif
+    return d;
+  });
+  // The CUDA forward's dispatch rule, asked from Python (jaxattn.kernel_for) so
+  // that the rule exists once. Buffers are described as XLA hands them over:
+  // contiguous, 64-byte aligned (the addresses below are stand-ins).
+  m.def("cuda_forward_kernel", [](int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
+                                  int head_dim, bool half_precision, int cc_major, int cc_minor) -> std::string {
+#ifdef JAXATTN_WITH_SM90
+    jaxattn::AttnParams p;
+    p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
+    p.num_heads = num_heads, p.num_heads_k = num_heads_k, p.head_dim = head_dim;
+    p.dtype = half_precision ? jaxattn::DType::kBF16 : jaxattn::DType::kF32;
+    jaxattn::set_contiguous_strides(p);
+    alignas(256) static char stand_in[256];
+    p.q = p.k = p.v = p.o = stand_in;
+    p.lse = reinterpret_cast<float*>(stand_in);
+    if (jaxattn::cuda::sm90_fwd_supports(p, cc_major, cc_minor)) return "sm90";
+#endif
+    return "sm80";
+  });
+#ifdef JAXATTN_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+}

@@ -1,0 +1,76 @@
+// The one description of an attention call that every backend reads.
+//
+// Plain C++ (no CUDA types): included by the XLA FFI handlers in bindings/,
+// by the CPU kernels and by the CUDA kernels alike. The handlers fill it from
+// the XLA buffers; a kernel reads nothing else.
+#pragma once
+
+#include <cstdint>
+
+namespace jaxattn {
+
+enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+struct AttnParams {
+  // ---- sizes ------------------------------------------------------------
+  // batch folds every leading dimension of the buffers (vmap adds some).
+  int batch = 0;
+  int seqlen_q = 0;     // T
+  int seqlen_k = 0;     // S
+  int num_heads = 0;    // N (query heads)
+  int num_heads_k = 0;  // K (key/value heads), N % K == 0
+  int head_dim = 0;     // H
+  DType dtype = DType::kF32;  // of q, k, v, o, dout, dq, dk, dv
+
+  // ---- options ----------------------------------------------------------
+  float scale = 1.f;       // logits = scale * q.k
+  bool is_causal = false;  // top-left aligned: query i attends keys j <= i
+
+  // ---- forward tensors --------------------------------------------------
+  // q, o, dout, dq: [B, T, N, H]; k, v, dk, dv: [B, S, K, H]; head dim
+  // contiguous. Strides are in elements.
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;  // [B, T, N], natural log; -inf for a row with no key
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  // lse is contiguous [B, T, N].
+
+  // ---- backward tensors -------------------------------------------------
+  const void* dout = nullptr;  // strides: o_*
+  // Cotangent of lse, [B, T, N] contiguous f32, or null for zero. It enters
+  // the backward only through dpsum: D = rowsum(dout * o) - dlse.
+  const float* dlse = nullptr;
+  void* dq = nullptr;          // strides: q_*
+  void* dk = nullptr;          // strides: k_*
+  void* dv = nullptr;          // strides: v_*
+
+  // ---- workspace (f32, extra outputs of the ffi_call; may be null) -------
+  float* dq_accum = nullptr;  // [B, T, N, H] contiguous
+  float* dpsum = nullptr;     // [B, N, T] contiguous: rowsum(dout * o) - dlse
+
+  int group_size() const { return num_heads / num_heads_k; }
+};
+
+// Fills the strides of contiguous [B, T, N, H] / [B, S, K, H] buffers.
+inline void set_contiguous_strides(AttnParams& p) {
+  const int64_t H = p.head_dim;
+  p.q_head_stride = H;
+  p.q_row_stride = H * p.num_heads;
+  p.q_batch_stride = p.q_row_stride * p.seqlen_q;
+  p.o_head_stride = p.q_head_stride;
+  p.o_row_stride = p.q_row_stride;
+  p.o_batch_stride = p.q_batch_stride;
+  p.k_head_stride = H;
+  p.k_row_stride = H * p.num_heads_k;
+  p.k_batch_stride = p.k_row_stride * p.seqlen_k;
+  p.v_head_stride = p.k_head_stride;
+  p.v_row_stride = p.k_row_stride;
+  p.v_batch_stride = p.k_batch_stride;
+}
+
+}  // namespace jaxattn

@@ -1,0 +1,35 @@
+// Host entry points of the CUDA backends: what the FFI handlers call.
+//
+// Each launcher enqueues its kernels on `stream` and returns at once: no host
+// synchronisation, no allocation, so it can be captured in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/params.h"
+
+namespace jaxattn::cuda {
+
+// What a launch reports: the first CUDA error and the kernel that raised it.
+struct LaunchStatus {
+  cudaError_t error = cudaSuccess;
+  const char* kernel = "";
+  bool ok() const { return error == cudaSuccess; }
+};
+
+// Portable path (mma.sync, sm_80+). Supports bf16/fp16, head_dim % 8 == 0 and
+// head_dim <= 256, any T, S, GQA/MQA, causal.
+// Forward writes o and lse.
+LaunchStatus flash_fwd_sm80(const AttnParams& p, cudaStream_t stream);
+// Backward reads q, k, v, o, lse, dout; uses dq_accum and dpsum (workspace);
+// writes dq, dk, dv.
+LaunchStatus flash_bwd_sm80(const AttnParams& p, cudaStream_t stream);
+
+// Hopper path (TMA + wgmma, sm_90a; built only when sm_90 is targeted).
+// Whether the Hopper forward covers `p` on a device of compute capability
+// `cc_major`.`cc_minor` (the dispatch rule; everything else runs on sm80).
+bool sm90_fwd_supports(const AttnParams& p, int cc_major, int cc_minor);
+// Forward writes o and lse, like flash_fwd_sm80.
+LaunchStatus flash_fwd_sm90(const AttnParams& p, cudaStream_t stream);
+
+}  // namespace jaxattn::cuda

@@ -1,0 +1,280 @@
+// Backward flash attention on mma.sync (sm_80+), parallel over key blocks:
+// one CTA per (key block, kv head, batch) keeps K, V and the dK, dV
+// accumulators of its block, and walks the query blocks of every query head
+// of its GQA group (above the causal diagonal skipped), adding dQ to
+// dq_accum with f32 atomics. See tile_config.cuh (BwdTile) for the layout.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/params.h"
+#include "common/ptx.h"
+#include "launch.h"
+#include "sm80/bwd_preprocess.cuh"
+#include "sm80/smem_tile.cuh"
+#include "sm80/softmax.cuh"
+#include "sm80/tile_config.cuh"
+
+namespace jaxattn::cuda::sm80 {
+
+// kDoDV: accumulate and write dV. kDoDKQ: accumulate and write dK, add dQ.
+template <class Tile, typename Elem, bool kDoDV, bool kDoDKQ>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
+    flash_bwd_kernel(const AttnParams p) {
+  constexpr int kH = Tile::kHeadDim, kBM = Tile::kBlockM, kBN = Tile::kBlockN;
+  constexpr int kPitch = Tile::kPitch, kDsPitch = Tile::kDsPitch, kThreads = Tile::kThreads;
+  constexpr int kQ8 = kBM / 8;      // n8 tiles of a warp's S^T row block
+  constexpr int kQSteps = kBM / 16;  // k16 steps over queries
+  extern __shared__ __align__(16) unsigned char smem[];
+  Elem* base = reinterpret_cast<Elem*>(smem);
+  Elem* sK = base + Tile::kOffK;
+  Elem* sV = base + Tile::kOffV;
+  Elem* sQ = base + Tile::kOffQ;    // [2][kBM][kPitch]
+  Elem* sdO = base + Tile::kOffdO;  // [2][kBM][kPitch]
+  Elem* sdS = base + Tile::kOffdS;  // [2][kBN][kDsPitch]: dS^T
+  float* sLse = reinterpret_cast<float*>(base + Tile::kElems);  // [2][kBM], log2 units
+  float* sDps = sLse + 2 * kBM;                                  // [2][kBM]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int T = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, G = p.num_heads / p.num_heads_k;
+  const int hd = p.head_dim;
+  const bool causal = p.is_causal;
+  const int n_block = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
+  const int n0 = n_block * kBN;
+
+  const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_batch_stride +
+                  int64_t(n0) * p.k_row_stride + kv_head * p.k_head_stride;
+  const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_batch_stride +
+                  int64_t(n0) * p.v_row_stride + kv_head * p.v_head_stride;
+  load_tile_async<kBN, kH, kPitch, kThreads>(sK, k, p.k_row_stride, S - n0, hd);
+  if (kDoDKQ) load_tile_async<kBN, kH, kPitch, kThreads>(sV, v, p.v_row_stride, S - n0, hd);
+
+  // Steps: (query head of the group, query block), query blocks entirely
+  // above the causal diagonal (every query < n0) skipped.
+  const int m_first = causal ? n0 / kBM : 0;
+  const int m_blocks = (T + kBM - 1) / kBM;
+  const int steps_per_head = max(0, m_blocks - m_first);
+  const int n_steps = steps_per_head * G;
+  auto step_head = [&](int step) { return kv_head * G + step / steps_per_head; };
+  auto step_m0 = [&](int step) { return (m_first + step % steps_per_head) * kBM; };
+
+  auto load_step = [&](int step, int stage) {
+    const int head = step_head(step), m0 = step_m0(step);
+    const Elem* q = static_cast<const Elem*>(p.q) + b * p.q_batch_stride +
+                    int64_t(m0) * p.q_row_stride + head * p.q_head_stride;
+    const Elem* dout = static_cast<const Elem*>(p.dout) + b * p.o_batch_stride +
+                       int64_t(m0) * p.o_row_stride + head * p.o_head_stride;
+    load_tile_async<kBM, kH, kPitch, kThreads>(sQ + stage * kBM * kPitch, q, p.q_row_stride,
+                                               T - m0, hd);
+    load_tile_async<kBM, kH, kPitch, kThreads>(sdO + stage * kBM * kPitch, dout,
+                                               p.o_row_stride, T - m0, hd);
+  };
+  // Row statistics go through registers (one row per thread), so that lse can
+  // be turned into log2 units with +inf for rows past T or without any key
+  // (giving P = 0 there).
+  auto load_stats = [&](int step, float& lse, float& dps) {
+    const int head = step_head(step), row = step_m0(step) + threadIdx.x;
+    lse = -INFINITY;
+    dps = 0.f;
+    if (threadIdx.x < kBM && row < T) {
+      lse = p.lse[(int64_t(b) * T + row) * N + head];
+      if (kDoDKQ) dps = p.dpsum[(int64_t(b) * N + head) * T + row];
+    }
+  };
+  auto store_stats = [&](int stage, float lse, float dps) {
+    if (threadIdx.x < kBM) {
+      sLse[stage * kBM + threadIdx.x] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      sDps[stage * kBM + threadIdx.x] = dps;
+    }
+  };
+
+  if (n_steps > 0) load_step(0, 0);
+  ptx::cp_async_commit();
+  if (n_steps > 0) {
+    float lse, dps;
+    load_stats(0, lse, dps);
+    store_stats(0, lse, dps);
+  }
+
+  float dv[1][kH / 8][4], dk[1][kH / 8][4];
+  clear(dv);
+  clear(dk);
+  const float scale_log2 = p.scale * kLog2e;
+  const int key_row = warp * 16;  // this warp's keys within the block
+  const uint32_t k_addr_a = ptx::smem_addr(sK) + key_row * kPitch * 2 + lane_offset_a<kPitch>(lane);
+  const uint32_t v_addr_a = ptx::smem_addr(sV) + key_row * kPitch * 2 + lane_offset_a<kPitch>(lane);
+  const uint32_t q_addr = ptx::smem_addr(sQ);
+  const uint32_t do_addr = ptx::smem_addr(sdO);
+  const uint32_t off_a = lane_offset_a<kPitch>(lane), off_b = lane_offset_b<kPitch>(lane);
+  // dQ piece of this warp: rows [dq_m, + kDqMTiles*16), columns [dq_n, + kDqCols).
+  constexpr int kDqM = Tile::kDqMTiles, kDq8 = Tile::kDqCols / 8;
+  const int dq_m = (warp % Tile::kDqWarpsM) * 16 * kDqM;
+  const int dq_n = (warp / Tile::kDqWarpsM) * Tile::kDqCols;
+  const uint32_t ds_addr_t = ptx::smem_addr(sdS) + dq_m * 2 + lane_offset_b<kDsPitch>(lane);
+  const uint32_t k_addr_t = ptx::smem_addr(sK) + dq_n * 2 + off_a;
+  // dQ of a finished step = dS K, added unscaled to dq_accum; every warp's
+  // dS^T of that step must be in smem (a barrier after it was written).
+  auto dq_step = [&](int step) {
+    const int head = step_head(step), m0 = step_m0(step);
+    float dq[kDqM][kDq8][4];
+    clear(dq);
+    gemm_ss_atb<Elem, kDqM, kDq8, kBN, kDsPitch, kPitch>(
+        dq, ds_addr_t + (step & 1) * kBN * kDsPitch * 2, k_addr_t);
+    float* dq_accum = p.dq_accum + (int64_t(b) * T * N + head) * hd;
+#pragma unroll
+    for (int i = 0; i < kDqM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + dq_m + i * 16 + g + 8 * h;
+        if (row < T) {
+          float* dst_row = dq_accum + int64_t(row) * N * hd;
+#pragma unroll
+          for (int j = 0; j < kDq8; ++j) {
+            const int col = dq_n + j * 8 + 2 * t;
+            if (col < hd) ptx::red_add_f32x2(dst_row + col, dq[i][j][2 * h], dq[i][j][2 * h + 1]);
+          }
+        }
+      }
+  };
+
+  for (int step = 0; step < n_steps; ++step) {
+    const int stage = step & 1;
+    const int head = step_head(step), m0 = step_m0(step);
+    ptx::cp_async_wait<0>();  // this step's Q, dO landed ...
+    __syncthreads();          // ... for all threads, and the previous step is done
+    const bool has_next = step + 1 < n_steps;
+    float next_lse, next_dps;
+    if (has_next) {
+      load_step(step + 1, stage ^ 1);
+      ptx::cp_async_commit();
+      load_stats(step + 1, next_lse, next_dps);
+    }
+    if (kDoDKQ && step > 0) dq_step(step - 1);
+    const uint32_t q_stage = q_addr + stage * kBM * kPitch * 2;
+    const uint32_t do_stage = do_addr + stage * kBM * kPitch * 2;
+    const float* lse_l2 = sLse + stage * kBM;
+    const float* dps = sDps + stage * kBM;
+
+    // S^T = K Q^T for this warp's 16 keys; P^T = exp2(S^T scale_log2 - lse_log2).
+    float pt[1][kQ8][4];
+    clear(pt);
+    gemm_ss_abt<Elem, 1, kQ8, kH, kPitch, kPitch>(pt, k_addr_a, q_stage + off_b);
+    if (n0 + kBN > S || (causal && n0 + kBN - 1 > m0)) {
+      apply_mask(pt, n0 + key_row, m0, lane,
+                 [&](int key, int query) { return key >= S || (causal && key > query); });
+    }
+#pragma unroll
+    for (int j = 0; j < kQ8; ++j) {
+      const float2 l = *reinterpret_cast<const float2*>(lse_l2 + j * 8 + 2 * t);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        pt[0][j][2 * h] = ptx::exp2_approx(fmaf(pt[0][j][2 * h], scale_log2, -l.x));
+        pt[0][j][2 * h + 1] = ptx::exp2_approx(fmaf(pt[0][j][2 * h + 1], scale_log2, -l.y));
+      }
+    }
+
+    if constexpr (kDoDV) {  // dV += P^T dO
+      uint32_t pa[1][kQSteps][4];
+      acc_to_a_frags<Elem>(pt, pa);
+      gemm_rs_ab<Elem, 1, kH / 8, kQSteps, kPitch>(dv, pa, do_stage + off_a);
+    }
+
+    if constexpr (kDoDKQ) {
+      // dP^T = V dO^T; dS^T = P^T (dP^T - dpsum).
+      float dst[1][kQ8][4];
+      clear(dst);
+      gemm_ss_abt<Elem, 1, kQ8, kH, kPitch, kPitch>(dst, v_addr_a, do_stage + off_b);
+#pragma unroll
+      for (int j = 0; j < kQ8; ++j) {
+        const float2 d = *reinterpret_cast<const float2*>(dps + j * 8 + 2 * t);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          dst[0][j][2 * h] = pt[0][j][2 * h] * (dst[0][j][2 * h] - d.x);
+          dst[0][j][2 * h + 1] = pt[0][j][2 * h + 1] * (dst[0][j][2 * h + 1] - d.y);
+        }
+      }
+      uint32_t dsa[1][kQSteps][4];
+      acc_to_a_frags<Elem>(dst, dsa);
+      // dK += dS^T Q (scaled at the end).
+      gemm_rs_ab<Elem, 1, kH / 8, kQSteps, kPitch>(dk, dsa, q_stage + off_a);
+      // dS^T to smem for dQ (next step): fragment [kq][r] holds row g + 8(r&1),
+      // columns 16kq + 8(r>>1) + 2t, 2t+1.
+      Elem* ds = sdS + stage * kBN * kDsPitch;
+#pragma unroll
+      for (int kq = 0; kq < kQSteps; ++kq)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = key_row + g + 8 * (r & 1), col = kq * 16 + 8 * (r >> 1) + 2 * t;
+          *reinterpret_cast<uint32_t*>(ds + row * kDsPitch + col) = dsa[0][kq][r];
+        }
+    }
+    if (has_next) store_stats(stage ^ 1, next_lse, next_dps);
+  }
+
+  if (kDoDKQ && n_steps > 0) {
+    __syncthreads();
+    dq_step(n_steps - 1);
+  }
+
+  // Epilogue: dK (scaled) and dV through the K / V tiles.
+  ptx::cp_async_wait<0>();  // (K/V copies are still in flight when there was no step)
+  __syncthreads();
+  if constexpr (kDoDKQ) {
+    const float sc[1][2] = {{p.scale, p.scale}};
+    acc_to_smem<Elem, kPitch>(dk, sc, sK + key_row * kPitch, lane);
+  }
+  if constexpr (kDoDV) {
+    const float one[1][2] = {{1.f, 1.f}};
+    acc_to_smem<Elem, kPitch>(dv, one, sV + key_row * kPitch, lane);
+  }
+  __syncthreads();
+  if constexpr (kDoDKQ) {
+    Elem* dk_out = static_cast<Elem*>(p.dk) + b * p.k_batch_stride +
+                   int64_t(n0) * p.k_row_stride + kv_head * p.k_head_stride;
+    store_tile<kBN, kH, kPitch, kThreads>(sK, dk_out, p.k_row_stride, S - n0, hd);
+  }
+  if constexpr (kDoDV) {
+    Elem* dv_out = static_cast<Elem*>(p.dv) + b * p.v_batch_stride +
+                   int64_t(n0) * p.v_row_stride + kv_head * p.v_head_stride;
+    store_tile<kBN, kH, kPitch, kThreads>(sV, dv_out, p.v_row_stride, S - n0, hd);
+  }
+}
+
+// Enqueues preprocess, main kernel(s) and dq conversion for head dims up to kHeadDim.
+template <int kHeadDim, typename Elem>
+LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream) {
+  using Tile = typename BwdTileFor<kHeadDim>::type;
+  const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.num_heads;
+  flash_bwd_preprocess_kernel<Elem>
+      <<<unsigned((rows + kPrepWarps - 1) / kPrepWarps), kPrepWarps * 32, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return {err, "flash_bwd_preprocess_sm80"};
+
+  const dim3 grid((p.seqlen_k + Tile::kBlockN - 1) / Tile::kBlockN, p.num_heads_k, p.batch);
+  auto launch = [&](auto kernel, const char* name) -> LaunchStatus {
+    if (grid.x == 0) return {};  // no keys: dq = 0 needs only the zeroing
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Tile::kSmemBytes);
+    if (e != cudaSuccess) return {e, name};
+    kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
+    return {cudaGetLastError(), name};
+  };
+  LaunchStatus st;
+  if constexpr (Tile::kSplitDV) {
+    st = launch(flash_bwd_kernel<Tile, Elem, true, false>, "flash_bwd_dv_sm80");
+    if (!st.ok()) return st;
+    st = launch(flash_bwd_kernel<Tile, Elem, false, true>, "flash_bwd_dkdq_sm80");
+  } else {
+    st = launch(flash_bwd_kernel<Tile, Elem, true, true>, "flash_bwd_sm80");
+  }
+  if (!st.ok()) return st;
+
+  const int64_t chunks = rows * (p.head_dim / 8);
+  const int64_t blocks = (chunks + 255) / 256;
+  flash_bwd_convert_dq_kernel<Elem>
+      <<<unsigned(blocks < 65536 * 8 ? blocks : 65536 * 8), 256, 0, stream>>>(p);
+  return {cudaGetLastError(), "flash_bwd_convert_dq_sm80"};
+}
+
+}  // namespace jaxattn::cuda::sm80

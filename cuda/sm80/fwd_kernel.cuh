@@ -1,0 +1,130 @@
+// Forward flash attention on mma.sync (sm_80+): o = softmax(scale q k^T) v
+// and the row logsumexp, one CTA per (query block, query head, batch).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/params.h"
+#include "common/ptx.h"
+#include "launch.h"
+#include "sm80/smem_tile.cuh"
+#include "sm80/softmax.cuh"
+#include "sm80/tile_config.cuh"
+
+namespace jaxattn::cuda::sm80 {
+
+template <class Tile, typename Elem>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
+    flash_fwd_kernel(const AttnParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+  constexpr int kBN = Tile::kBlockNSm100;  // (see FwdTile)
+#else
+  constexpr int kBN = Tile::kBlockN;
+#endif
+  constexpr int kH = Tile::kHeadDim, kBM = Tile::kBlockM;
+  constexpr int kM = Tile::kMTiles, kPitch = Tile::kPitch, kThreads = Tile::kThreads;
+  extern __shared__ __align__(16) unsigned char smem[];
+  Elem* sQ = reinterpret_cast<Elem*>(smem);
+  Elem* sK = sQ + Tile::kSmemQ;
+  Elem* sV = sK + Tile::kSmemKV;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int T = p.seqlen_q, S = p.seqlen_k, hd = p.head_dim;
+  const bool causal = p.is_causal;
+  // Causal: the longest rows (last blocks) start first.
+  const int m_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int head = blockIdx.y, b = blockIdx.z;
+  const int kv_head = head / (p.num_heads / p.num_heads_k);
+  const int m0 = m_block * kBM;
+
+  const Elem* q = static_cast<const Elem*>(p.q) + b * p.q_batch_stride +
+                  int64_t(m0) * p.q_row_stride + head * p.q_head_stride;
+  const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
+  const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
+
+  // Keys [0, n_end) are visible to some row of the block.
+  const int n_end = causal ? min(S, m0 + kBM) : S;
+  int nb = (n_end + kBN - 1) / kBN - 1;
+
+  load_tile_async<kBM, kH, kPitch, kThreads>(sQ, q, p.q_row_stride, T - m0, hd);
+  if (nb >= 0) {  // (S = 0: no key, o = 0 and lse = -inf)
+    load_tile_async<kBN, kH, kPitch, kThreads>(sK, k + int64_t(nb) * kBN * p.k_row_stride,
+                                               p.k_row_stride, S - nb * kBN, hd);
+  }
+  ptx::cp_async_commit();
+
+  float o[kM][kH / 8][4];
+  clear(o);
+  OnlineSoftmax<kM> softmax;
+  softmax.init();
+  const float scale_log2 = p.scale * kLog2e;
+
+  const int warp_row = warp * kM * 16;
+  const uint32_t q_addr = ptx::smem_addr(sQ) + warp_row * kPitch * 2 + lane_offset_a<kPitch>(lane);
+  const uint32_t k_addr = ptx::smem_addr(sK) + lane_offset_b<kPitch>(lane);
+  const uint32_t v_addr = ptx::smem_addr(sV) + lane_offset_a<kPitch>(lane);
+
+  // Key blocks from the last: the ones that need masking come first.
+  for (; nb >= 0; --nb) {
+    const int n0 = nb * kBN;
+    ptx::cp_async_wait<0>();  // K(nb) landed ...
+    __syncthreads();          // ... for all threads, and V(nb+1) is no longer read
+    load_tile_async<kBN, kH, kPitch, kThreads>(sV, v + int64_t(n0) * p.v_row_stride,
+                                               p.v_row_stride, S - n0, hd);
+    ptx::cp_async_commit();
+
+    float s[kM][kBN / 8][4];
+    clear(s);
+    gemm_ss_abt<Elem, kM, kBN / 8, kH, kPitch, kPitch>(s, q_addr, k_addr);
+    if (n0 + kBN > S || (causal && n0 + kBN - 1 > m0)) {
+      apply_mask(s, m0 + warp_row, n0, lane,
+                 [&](int row, int col) { return col >= S || (causal && col > row); });
+    }
+
+    ptx::cp_async_wait<0>();  // V(nb) landed ...
+    __syncthreads();          // ... for all threads, and K(nb) is no longer read
+    if (nb > 0) {
+      load_tile_async<kBN, kH, kPitch, kThreads>(sK, k + int64_t(n0 - kBN) * p.k_row_stride,
+                                                 p.k_row_stride, S - (n0 - kBN), hd);
+      ptx::cp_async_commit();
+    }
+
+    softmax.update(s, o, scale_log2);
+    uint32_t pa[kM][kBN / 16][4];
+    acc_to_a_frags<Elem>(s, pa);
+    gemm_rs_ab<Elem, kM, kH / 8, kBN / 16, kPitch>(o, pa, v_addr);
+  }
+
+  float inv[kM][2], lse[kM][2];
+  softmax.finish(p.scale, inv, lse);
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int i = 0; i < kM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + warp_row + i * 16 + lane / 4 + 8 * h;
+        if (row < T) p.lse[(int64_t(b) * T + row) * p.num_heads + head] = lse[i][h];
+      }
+  }
+  // O goes through the warp's own Q rows (only this warp read them).
+  acc_to_smem<Elem, kPitch>(o, inv, sQ + warp_row * kPitch, lane);
+  __syncthreads();
+  Elem* out = static_cast<Elem*>(p.o) + b * p.o_batch_stride + int64_t(m0) * p.o_row_stride +
+              head * p.o_head_stride;
+  store_tile<kBM, kH, kPitch, kThreads>(sQ, out, p.o_row_stride, T - m0, hd);
+}
+
+// Enqueues the forward kernel for head dims up to kHeadDim.
+template <int kHeadDim, typename Elem>
+LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream) {
+  using Tile = typename FwdTileFor<kHeadDim>::type;
+  auto kernel = flash_fwd_kernel<Tile, Elem>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Tile::kSmemBytes);
+  if (err != cudaSuccess) return {err, "flash_fwd_sm80 (set smem)"};
+  const dim3 grid((p.seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.num_heads, p.batch);
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
+  return {cudaGetLastError(), "flash_fwd_sm80"};
+}
+
+}  // namespace jaxattn::cuda::sm80

@@ -1,0 +1,119 @@
+// Masking and the online softmax of the sm80 kernels, on MMA accumulators
+// (lane g = lane/4, t = lane%4 holds rows g, g+8 and columns 2t, 2t+1 of each
+// m16n8 tile).
+#pragma once
+
+#include <cmath>
+
+#include "common/ptx.h"
+
+namespace jaxattn::cuda::sm80 {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Sets to -inf every element of a warp's logits tile that `masked(row, col)`
+// rejects; row0/col0 are the global row and column of the tile's (0, 0).
+template <int kM, int kN8, typename Masked>
+__device__ __forceinline__ void apply_mask(float (&s)[kM][kN8][4], int row0, int col0, int lane,
+                                           Masked masked) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < kM; ++i)
+#pragma unroll
+    for (int j = 0; j < kN8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + i * 16 + g + 8 * (e >> 1);
+        const int col = col0 + j * 8 + 2 * t + (e & 1);
+        if (masked(row, col)) s[i][j][e] = -INFINITY;
+      }
+}
+
+// Running softmax state of the 2*kM rows a lane shares with its quad:
+// max of the raw logits and (lane-partial) sum of exp2(scale_log2*(s - max)).
+template <int kM>
+struct OnlineSoftmax {
+  float row_max[kM][2];
+  float row_sum[kM][2];
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int i = 0; i < kM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_max[i][h] = -INFINITY;
+        row_sum[i][h] = 0.f;
+      }
+  }
+
+  // Folds one block of raw logits in: turns s into unnormalised
+  // probabilities and rescales the output accumulator o to the new maxima
+  // (skipped when no row of the warp got a new maximum: the factor is 1).
+  template <int kN8, int kO8>
+  __device__ __forceinline__ void update(float (&s)[kM][kN8][4], float (&o)[kM][kO8][4],
+                                         float scale_log2) {
+    float corr[kM][2], block_sum[kM][2];
+    bool changed = false;
+#pragma unroll
+    for (int i = 0; i < kM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = row_max[i][h];
+#pragma unroll
+        for (int j = 0; j < kN8; ++j) mx = fmaxf(mx, fmaxf(s[i][j][2 * h], s[i][j][2 * h + 1]));
+        mx = ptx::quad_max(mx);
+        // Old terms shrink by 2^(scale_log2 (old - new)); none yet if old = -inf.
+        const float old = row_max[i][h];
+        changed |= mx != old;
+        corr[i][h] = old == -INFINITY ? 0.f : ptx::exp2_approx((old - mx) * scale_log2);
+        row_max[i][h] = mx;
+        // A row with every key masked so far keeps p = 0 (exp2(-inf)).
+        const float mx_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < kN8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = ptx::exp2_approx(fmaf(s[i][j][2 * h + e], scale_log2, -mx_scaled));
+            s[i][j][2 * h + e] = p;
+            sum += p;
+          }
+        block_sum[i][h] = sum;
+      }
+    if (__any_sync(0xffffffffu, changed)) {
+#pragma unroll
+      for (int i = 0; i < kM; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          row_sum[i][h] *= corr[i][h];
+#pragma unroll
+          for (int j = 0; j < kO8; ++j) {
+            o[i][j][2 * h] *= corr[i][h];
+            o[i][j][2 * h + 1] *= corr[i][h];
+          }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) row_sum[i][h] += block_sum[i][h];
+  }
+
+  // Ends the pass: per-row factor 1/sum for the output (0 for a row that saw
+  // no key) and the natural-log logsumexp of the scaled logits (-inf then).
+  __device__ __forceinline__ void finish(float scale, float (&inv)[kM][2],
+                                         float (&lse)[kM][2]) {
+#pragma unroll
+    for (int i = 0; i < kM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sum = ptx::quad_sum(row_sum[i][h]);
+        const bool empty = !(sum > 0.f);
+        inv[i][h] = empty ? 0.f : 1.f / sum;
+        lse[i][h] = empty ? -INFINITY : row_max[i][h] * scale + logf(sum);
+      }
+  }
+};
+
+}  // namespace jaxattn::cuda::sm80

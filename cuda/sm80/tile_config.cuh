@@ -1,0 +1,141 @@
+// Tile shapes of the sm80 (mma.sync) kernels, per padded head dim.
+//
+// Every shared-memory tile is row-major with rows of kHeadDim + 8 elements:
+// the 16-byte pad makes the 8 row addresses of one ldmatrix phase land in 8
+// different 16-byte bank groups (row pitch = 16 mod 128 bytes or an odd
+// multiple of 16), so ldmatrix, cp.async and the epilogue stores are free of
+// bank conflicts without a swizzle.
+#pragma once
+
+namespace jaxattn::cuda::sm80 {
+
+// The head dims that have kernels; others (multiples of 8) run on the next one.
+inline int padded_head_dim(int h) {
+  if (h <= 32) return 32;
+  if (h <= 64) return 64;
+  if (h <= 96) return 96;
+  if (h <= 128) return 128;
+  if (h <= 192) return 192;
+  return 256;
+}
+
+// Forward: one CTA per (query block, query head, batch). Each warp owns
+// kMTiles*16 query rows (Q in shared memory, O and S in registers); the CTA
+// streams K/V blocks of kBlockN keys, V(j) loading during S = Q K(j)^T and
+// K(j-1) loading during softmax and O += P V(j).
+template <int kHeadDim_, int kBlockN_, int kWarps_, int kMTiles_, int kMinBlocks_,
+          int kBlockNSm100_ = kBlockN_>
+struct FwdTile {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;
+  // ptxas for sm_100 needs a few more registers than for sm_80/90; where
+  // kBlockN would spill there, its device code streams kBlockNSm100 keys a
+  // step instead (same kernel symbol; smem sized for the larger).
+  static constexpr int kBlockNSm100 = kBlockNSm100_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kMTiles = kMTiles_;
+  static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the registers allow
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockM = kWarps * 16 * kMTiles;
+  static constexpr int kPitch = kHeadDim + 8;  // smem row, elements
+  static constexpr int kSmemQ = kBlockM * kPitch;
+  static constexpr int kSmemKV = (kBlockN > kBlockNSm100 ? kBlockN : kBlockNSm100) * kPitch;
+  static constexpr int kSmemBytes = (kSmemQ + 2 * kSmemKV) * 2;
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0 && kBlockNSm100 % 16 == 0, "tile shape");
+};
+
+// Why these shapes (registers per thread: O = kMTiles*kHeadDim/2,
+// S = kMTiles*kBlockN/2): 32 query rows per warp halve the K/V shared-memory
+// reads per MMA against 16 rows, which matters because mma.sync kernels on
+// Hopper are close to shared-memory bound (measured on H200, H = 128:
+// 4 warps x 32 rows 330 TFLOP/s; 8 warps x 16 rows 261-265; 4 warps x 16
+// rows, 3 CTAs/SM 316). With 32 rows, O + S (+ softmax state) must fit 255
+// registers on sm_80/90/100 alike: kBlockN = 64 spills for H = 96/128 (O
+// 96/128 + S 64); H = 128 takes 48 keys a step (351 TFLOP/s against 338 for
+// 32; 48 spills on sm_100, which takes 32), H = 96 takes 32, and H = 64 takes
+// 64 (96 and 128 spill on some targets).
+// For H = 192/256 the O accumulator alone is 96/128 registers, so warps own 16
+// rows and the CTA has 8 warps. Two CTAs per SM hide each other's barriers.
+template <int kHeadDim>
+struct FwdTileFor;
+template <> struct FwdTileFor<32> { using type = FwdTile<32, 128, 4, 2, 2>; };
+template <> struct FwdTileFor<64> { using type = FwdTile<64, 64, 4, 2, 2>; };
+template <> struct FwdTileFor<96> { using type = FwdTile<96, 32, 4, 2, 2>; };
+// (Benchmark knobs, left at their defaults in builds.)
+#ifndef JAXATTN_FWD128_BN
+#define JAXATTN_FWD128_BN 48
+#define JAXATTN_FWD128_WARPS 4
+#define JAXATTN_FWD128_MTILES 2
+#define JAXATTN_FWD128_MINB 2
+#endif
+template <> struct FwdTileFor<128> {
+  using type = FwdTile<128, JAXATTN_FWD128_BN, JAXATTN_FWD128_WARPS, JAXATTN_FWD128_MTILES,
+                       JAXATTN_FWD128_MINB, 32>;
+};
+template <> struct FwdTileFor<192> { using type = FwdTile<192, 64, 8, 1, 1>; };
+template <> struct FwdTileFor<256> { using type = FwdTile<256, 64, 8, 1, 1>; };
+
+// Backward (why: dK and dV of a warp's 16 keys x H stay in registers, 128 of
+// them at H = 128, so a CTA has one step's S^T / dP^T, 16 x kBlockM each, on
+// top; kBlockM = 64 measured 246 TFLOP/s against 226 for 32 at H = 128).
+// One CTA per (key block, kv head, batch); warp w owns keys
+// [16w, 16w+16) of the block, so S^T = K Q^T and dP^T = V dO^T come out of
+// the MMA already in the A-operand layout of dV += P^T dO and dK += dS^T Q.
+// dS^T goes through shared memory once for dQ += dS K, which every warp
+// computes a piece of and adds to dq_accum with f32 atomics; the dQ of a step
+// runs at the start of the next (dS^T double-buffered), so one barrier per
+// step suffices. Q, dO, lse and dpsum of the next query block load while the
+// current one is processed (two stages).
+// kSplitDV: dK+dV accumulators do not fit registers (H >= 192): a first pass
+// computes dV alone, a second dK and dQ (one extra Q K^T recompute).
+template <int kHeadDim_, int kBlockM_, int kWarps_, bool kSplitDV_, int kMinBlocks_ = 1>
+struct BwdTile {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // queries per step
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockN = kWarps * 16;  // keys per CTA
+  static constexpr bool kSplitDV = kSplitDV_;
+  static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the registers allow
+  static constexpr int kPitch = kHeadDim + 8;
+  static constexpr int kDsPitch = kBlockM + 8;
+  // dQ = dS K: each warp computes kDqMTiles*16 rows x kDqCols columns; 32 rows
+  // (fewer ldmatrix per MMA) where the head dim splits into 16-column pieces.
+  static constexpr bool dq_two_m_tiles() {
+    if (kBlockM % 32 != 0 || kWarps % (kBlockM / 32) != 0) return false;
+    const int warps_n = kWarps / (kBlockM / 32);
+    return kHeadDim % warps_n == 0 && (kHeadDim / warps_n) % 16 == 0;
+  }
+  static constexpr int kDqMTiles = dq_two_m_tiles() ? 2 : 1;
+  static constexpr int kDqWarpsM = kBlockM / (16 * kDqMTiles);
+  static constexpr int kDqWarpsN = kWarps / kDqWarpsM;
+  static constexpr int kDqCols = kHeadDim / kDqWarpsN;  // per warp
+  // smem, in elements: K, V, 2 x Q, 2 x dO, 2 x dS^T; then 2 x (lse, dpsum) f32.
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kBlockN * kPitch;
+  static constexpr int kOffQ = kOffV + kBlockN * kPitch;
+  static constexpr int kOffdO = kOffQ + 2 * kBlockM * kPitch;
+  static constexpr int kOffdS = kOffdO + 2 * kBlockM * kPitch;
+  static constexpr int kElems = kOffdS + 2 * kBlockN * kDsPitch;
+  static constexpr int kSmemBytes = kElems * 2 + 4 * kBlockM * 4;
+  static_assert(kWarps % kDqWarpsM == 0 && kDqCols % 16 == 0, "dQ warp layout");
+  static_assert(kBlockM % 16 == 0 && kHeadDim % 16 == 0, "tile shape");
+};
+
+template <int kHeadDim>
+struct BwdTileFor;
+template <> struct BwdTileFor<32> { using type = BwdTile<32, 64, 8, false, 2>; };
+template <> struct BwdTileFor<64> { using type = BwdTile<64, 64, 8, false>; };
+template <> struct BwdTileFor<96> { using type = BwdTile<96, 64, 8, false>; };
+#ifndef JAXATTN_BWD128_BM
+#define JAXATTN_BWD128_BM 64
+#define JAXATTN_BWD128_WARPS 8
+#define JAXATTN_BWD128_MINB 1
+#endif
+template <> struct BwdTileFor<128> {
+  using type = BwdTile<128, JAXATTN_BWD128_BM, JAXATTN_BWD128_WARPS, false, JAXATTN_BWD128_MINB>;
+};
+template <> struct BwdTileFor<192> { using type = BwdTile<192, 32, 8, true>; };
+template <> struct BwdTileFor<256> { using type = BwdTile<256, 32, 8, true>; };
+
+}  // namespace jaxattn::cuda::sm80

@@ -1,0 +1,30 @@
+// Internal entry points of the Hopper forward (below launch.h's flash_fwd_sm90):
+// one launcher per head dim and element type (instantiated in fwd_hdim*.cu), and a
+// variant selector for tests and benchmarks.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/params.h"
+#include "launch.h"
+
+namespace jaxattn::sm90 {
+
+// Main-loop schedule. kOverlap: QK(n) and PV(n-1) in flight together; kSerial:
+// S -> softmax -> PV one block after the other (simplest, for checking). The
+// *Pingpong forms add turn-taking of the two consumer warpgroups' wgmma issue.
+// kDefault: the measured best for the head dim (see default_variant).
+enum class FwdVariant : int { kOverlap = 0, kSerial = 1, kOverlapPingpong = 2, kSerialPingpong = 3, kDefault = 4 };
+constexpr int kNumFwdVariants = 4;  // the explicit ones
+
+// Launches the forward for one head dim / element type; `p` already validated.
+template <int kHeadDim, typename Elem>
+cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant variant);
+
+// flash_fwd_sm90 with a chosen main-loop schedule.
+cuda::LaunchStatus flash_fwd_sm90_variant(const AttnParams& p, cudaStream_t stream, FwdVariant variant);
+
+// Whether the Hopper forward has kernels for this head dim (the dispatch list).
+bool fwd_head_dim_supported(int head_dim);
+
+}  // namespace jaxattn::sm90

@@ -1,0 +1,67 @@
+// Epilogue of the Hopper forward (per consumer warpgroup): normalise O by the row
+// sums, convert to 16 bits, write it into this warpgroup's own 64 rows of the Q
+// tile in shared memory (same 128B-swizzled chunk layout, so the writes are free of
+// bank conflicts), then one thread stores it with TMA (rows >= T are clipped by the
+// tensor map). lse goes straight from registers.
+#pragma once
+
+#include <cuda.h>
+
+#include "common/hopper_ptx.h"
+#include "common/ptx.h"
+#include "sm90/fwd_smem.cuh"
+#include "sm90/fwd_softmax.cuh"
+#include "sm90/fwd_traits.cuh"
+
+namespace jaxattn::sm90 {
+
+template <class Tr>
+struct FwdEpilogue {
+  using Elem = typename Tr::Elem;
+  static constexpr int kHeadDim = Tr::kHeadDim;
+  static constexpr int kBlockM = Tr::kBlockM;
+
+  // Requires: this warpgroup's wgmma reads of Q are complete (true after the main loop).
+  __device__ static void store(float (&o)[kHeadDim / 2], OnlineSoftmax<Tr::kBlockN>& softmax,
+                               const CUtensorMap* tm_o, const FwdSmem<Tr>& sm, const FwdTile& tile,
+                               const FwdArgs& args, int wg, int tid) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    float inv_sum[2], lse[2];
+    softmax.finalize(args.scale, inv_sum, lse);
+
+    // O -> shared: row r (in the tile), column 8 j + 2 t -> chunk j / 8, 16-byte unit
+    // (j % 8) ^ (r % 8), byte 4 t within it.
+    const uint32_t rows = sm.q() + wg * 64 * 128;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + g + 8 * h;  // row within this warpgroup's 64
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const uint32_t v = ptx::pack2<Elem>(o[4 * j + 2 * h] * inv_sum[h], o[4 * j + 2 * h + 1] * inv_sum[h]);
+        const uint32_t addr = rows + (j / 8) * kBlockM * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) + 4 * t;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+      }
+    }
+    hptx::fence_proxy_async_smem();
+    hptx::named_bar_sync(1 + wg, 128);
+    const int wg_row0 = tile.m_block * kBlockM + wg * 64;
+    if (tid == 0 && wg_row0 < args.seqlen_q) {
+#pragma unroll
+      for (int c = 0; c < Tr::kChunks; ++c)
+        hptx::tma_store_5d(tm_o, rows + c * kBlockM * 128, 0, wg_row0, c, tile.head, tile.batch);
+      hptx::bulk_commit();
+    }
+
+    if (t == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = wg_row0 + warp * 16 + g + 8 * h;
+        if (row < args.seqlen_q)
+          args.lse[((int64_t)tile.batch * args.seqlen_q + row) * args.num_heads + tile.head] = lse[h];
+      }
+    }
+    if (tid == 0 && wg_row0 < args.seqlen_q) hptx::bulk_wait_read0();  // smem must outlive the copy
+  }
+};
+
+}  // namespace jaxattn::sm90

@@ -1,0 +1,226 @@
+// Main loop of the Hopper forward: the TMA producer (one thread) and the wgmma
+// consumers (one warpgroup per 64 query rows).
+//
+// Pipeline: Q once per tile (bar_q); K and V each through a kStages ring with
+// full barriers (producer's arrive.expect_tx + TMA bytes) and empty barriers (one
+// arrival per consumer warp, 8 per phase). S = Q K^T with both operands from
+// 128B-swizzled smem (K-major); O += P V with P from registers (the S accumulator
+// converted in place to the A fragment layout) and V MN-major from smem.
+//
+// kOverlap: issue S(n) = Q K(n)^T and O += P(n-1) V(n-1) together, run softmax(n)
+// while the PV wgmma runs, and rescale O after it finishes (FA3's intra-warpgroup
+// overlap); otherwise strictly S -> softmax -> PV per block.
+// kPingpong: the two consumer warpgroups take turns issuing wgmma (named barriers
+// 3 and 4), so that one warpgroup's softmax runs while the other's GEMMs occupy
+// the tensor cores. Both warpgroups have the same number of issue turns.
+#pragma once
+
+#include <cuda.h>
+
+#include "common/hopper_ptx.h"
+#include "common/ptx.h"
+#include "sm90/fwd_smem.cuh"
+#include "sm90/fwd_softmax.cuh"
+#include "sm90/fwd_traits.cuh"
+
+namespace jaxattn::sm90 {
+
+template <class Tr>
+struct FwdMainloop {
+  using Elem = typename Tr::Elem;
+  static constexpr int kHeadDim = Tr::kHeadDim;
+  static constexpr int kBlockM = Tr::kBlockM;
+  static constexpr int kBlockN = Tr::kBlockN;
+  static constexpr int kSRegs = kBlockN / 2;    // S accumulator floats per thread
+  static constexpr int kORegs = kHeadDim / 2;   // O accumulator floats per thread
+  static constexpr int kPRegs = kBlockN / 4;    // P as packed 16-bit pairs
+  using Pipe = PipeState<Tr::kStages>;
+
+  // ---- producer (one thread) ----------------------------------------------
+  __device__ static void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
+                                 const FwdSmem<Tr>& sm, const FwdTile& tile, int kv_head) {
+    hptx::mbar_arrive_expect_tx(sm.bar_q(), Tr::kQBytes);
+    hptx::tma_load_5d(sm.q(), tm_q, sm.bar_q(), 0, tile.m_block * kBlockM, 0, tile.head, tile.batch);
+    Pipe pipe;
+    for (int n = 0; n < tile.n_blocks; ++n) {
+      hptx::mbar_wait(sm.bar_k_empty(pipe.stage), pipe.phase ^ 1);
+      hptx::mbar_arrive_expect_tx(sm.bar_k_full(pipe.stage), Tr::kKVBytes);
+      hptx::tma_load_5d(sm.k(pipe.stage), tm_k, sm.bar_k_full(pipe.stage), 0, n * kBlockN, 0, kv_head, tile.batch);
+      hptx::mbar_wait(sm.bar_v_empty(pipe.stage), pipe.phase ^ 1);
+      hptx::mbar_arrive_expect_tx(sm.bar_v_full(pipe.stage), Tr::kKVBytes);
+      hptx::tma_load_5d(sm.v(pipe.stage), tm_v, sm.bar_v_full(pipe.stage), 0, n * kBlockN, 0, kv_head, tile.batch);
+      pipe.advance();
+    }
+  }
+
+  // ---- consumer pieces (one warpgroup) ---------------------------------------
+
+  // S = Q(64 rows at q_rows) K(tile at k_tile)^T; issues kHeadDim/16 wgmma, no commit.
+  __device__ __forceinline__ static void issue_qk(float (&s)[kSRegs], uint32_t q_rows, uint32_t k_tile) {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t col = (kk / 4), off = (kk % 4) * 32;
+      const uint64_t da = hptx::make_desc_sw128(q_rows + col * kBlockM * 128 + off, 16, 1024);
+      const uint64_t db = hptx::make_desc_sw128(k_tile + col * kBlockN * 128 + off, 16, 1024);
+      hptx::wgmma_ss<Elem, kBlockN, 0>(s, da, db, kk > 0 ? 1 : 0);
+    }
+  }
+
+  // O += P V(tile at v_tile); issues kBlockN/16 wgmma, no commit.
+  __device__ __forceinline__ static void issue_pv(float (&o)[kORegs], const uint32_t (&p)[kPRegs], uint32_t v_tile) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint64_t db = hptx::make_desc_sw128(v_tile + kk * 16 * 128, kBlockN * 128, 1024);
+      const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+      hptx::wgmma_rs<Elem, kHeadDim, 1>(o, a, db, 1);
+    }
+  }
+
+  // The S accumulator (probabilities) as the A fragments of the PV wgmma.
+  __device__ __forceinline__ static void convert_p(const float (&s)[kSRegs], uint32_t (&p)[kPRegs]) {
+#pragma unroll
+    for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
+  }
+
+  __device__ __forceinline__ static void rescale_o(float (&o)[kORegs], const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      o[4 * j + 0] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+  }
+
+  // Pingpong turns between the two consumer warpgroups: barrier 3 + wg is "wg may
+  // issue"; it completes when wg syncs (128 threads) and the other arrives (128).
+  template <bool kPingpong>
+  __device__ __forceinline__ static void turn_begin(int wg) {
+    if constexpr (kPingpong) hptx::named_bar_sync(3 + wg, 256);
+  }
+  template <bool kPingpong>
+  __device__ __forceinline__ static void turn_end(int wg) {
+    if constexpr (kPingpong) hptx::named_bar_arrive(3 + (wg ^ 1), 256);
+  }
+
+  // One arrival per warp on an empty barrier (its wgmma reads of that stage are done).
+  __device__ __forceinline__ static void release(uint32_t bar, int lane) {
+    if (lane == 0) hptx::mbar_arrive(bar);
+  }
+
+  // ---- consumer: the whole key loop of one tile -------------------------------
+  // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
+  template <bool kCausal, bool kOverlap, bool kPingpong>
+  __device__ static void consume(float (&o)[kORegs], OnlineSoftmax<kBlockN>& softmax, const FwdSmem<Tr>& sm,
+                                 const FwdTile& tile, const FwdArgs& args, int wg, int tid) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int wg_row0 = tile.m_block * kBlockM + wg * 64;  // first query row of this warpgroup
+    const int row0 = wg_row0 + warp * 16 + g;               // this thread's h = 0 row
+    const uint32_t q_rows = sm.q() + wg * 64 * 128;
+    const float sl2 = args.scale_log2;
+    const int S = args.seqlen_k;
+
+#pragma unroll
+    for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
+    softmax.init();
+    float s[kSRegs];
+    uint32_t p[kPRegs];
+    float alpha[2];
+
+    // Masking is needed where the block has keys >= S, or (causal) keys past the
+    // first row of this warpgroup.
+    auto needs_mask = [&](int n) {
+      return (n + 1) * kBlockN > S || (kCausal && n * kBlockN + kBlockN - 1 > wg_row0);
+    };
+    auto mask = [&](int n) {
+      if (needs_mask(n)) apply_mask<kBlockN, kCausal>(s, n * kBlockN, row0, t, S);
+    };
+
+    hptx::mbar_wait(sm.bar_q(), 0);
+    Pipe pipe;
+    // Warpgroup 0 takes the first turn.
+    if (kPingpong && wg == 1) hptx::named_bar_arrive(3, 256);
+
+    if constexpr (!kOverlap) {
+      for (int n = 0; n < tile.n_blocks; ++n) {
+        hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
+        turn_begin<kPingpong>(wg);
+        hptx::wgmma_fence();
+        issue_qk(s, q_rows, sm.k(pipe.stage));
+        hptx::wgmma_commit();
+        turn_end<kPingpong>(wg);
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(s);
+        release(sm.bar_k_empty(pipe.stage), lane);
+        mask(n);
+        softmax.step(s, sl2, alpha);
+        rescale_o(o, alpha);
+        convert_p(s, p);
+        hptx::mbar_wait(sm.bar_v_full(pipe.stage), pipe.phase);
+        turn_begin<kPingpong>(wg);
+        hptx::wgmma_fence();
+        issue_pv(o, p, sm.v(pipe.stage));
+        hptx::wgmma_commit();
+        turn_end<kPingpong>(wg);
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(o);
+        release(sm.bar_v_empty(pipe.stage), lane);
+        pipe.advance();
+      }
+    } else {
+      // Block 0: S, softmax, P.
+      hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
+      turn_begin<kPingpong>(wg);
+      hptx::wgmma_fence();
+      issue_qk(s, q_rows, sm.k(pipe.stage));
+      hptx::wgmma_commit();
+      turn_end<kPingpong>(wg);
+      hptx::wgmma_wait<0>();
+      hptx::reg_fence_array(s);
+      release(sm.bar_k_empty(pipe.stage), lane);
+      mask(0);
+      softmax.step(s, sl2, alpha);
+      convert_p(s, p);
+      Pipe prev = pipe;
+      pipe.advance();
+      for (int n = 1; n < tile.n_blocks; ++n) {
+        hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
+        turn_begin<kPingpong>(wg);
+        hptx::wgmma_fence();
+        issue_qk(s, q_rows, sm.k(pipe.stage));
+        hptx::wgmma_commit();
+        hptx::mbar_wait(sm.bar_v_full(prev.stage), prev.phase);
+        hptx::wgmma_fence();
+        issue_pv(o, p, sm.v(prev.stage));
+        hptx::wgmma_commit();
+        turn_end<kPingpong>(wg);
+        hptx::wgmma_wait<1>();  // S(n) done, PV(n-1) may still run
+        hptx::reg_fence_array(s);
+        release(sm.bar_k_empty(pipe.stage), lane);
+        mask(n);
+        softmax.step(s, sl2, alpha);
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(o);
+        hptx::reg_fence_array(p);
+        release(sm.bar_v_empty(prev.stage), lane);
+        rescale_o(o, alpha);
+        convert_p(s, p);
+        prev = pipe;
+        pipe.advance();
+      }
+      hptx::mbar_wait(sm.bar_v_full(prev.stage), prev.phase);
+      turn_begin<kPingpong>(wg);
+      hptx::wgmma_fence();
+      issue_pv(o, p, sm.v(prev.stage));
+      hptx::wgmma_commit();
+      turn_end<kPingpong>(wg);
+      hptx::wgmma_wait<0>();
+      hptx::reg_fence_array(o);
+      release(sm.bar_v_empty(prev.stage), lane);
+    }
+    // Balance barrier 3: warpgroup 1 arrived once more (its initial hand-over).
+    if (kPingpong && wg == 0) hptx::named_bar_sync(3, 256);
+  }
+};
+
+}  // namespace jaxattn::sm90

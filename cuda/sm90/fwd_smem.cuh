@@ -1,0 +1,43 @@
+// Addresses of the Hopper forward's shared-memory tiles and mbarriers (layout in
+// fwd_traits.cuh), plus the stage/phase counter of the K/V ring.
+#pragma once
+
+#include <cstdint>
+
+namespace jaxattn::sm90 {
+
+template <class Tr>
+struct FwdSmem {
+  uint32_t base;  // 1024-aligned shared address
+
+  __device__ __forceinline__ uint32_t q() const { return base + Tr::kOffQ; }
+  __device__ __forceinline__ uint32_t k(int s) const { return base + Tr::kOffK + s * Tr::kKVBytes; }
+  __device__ __forceinline__ uint32_t v(int s) const { return base + Tr::kOffV + s * Tr::kKVBytes; }
+  // mbarriers: Q loaded; K/V stage s full (TMA landed) / empty (both consumers done).
+  __device__ __forceinline__ uint32_t bar_q() const { return base + Tr::kOffBar; }
+  __device__ __forceinline__ uint32_t bar_k_full(int s) const { return bar_q() + 8 * (1 + s); }
+  __device__ __forceinline__ uint32_t bar_k_empty(int s) const { return bar_q() + 8 * (1 + Tr::kStages + s); }
+  __device__ __forceinline__ uint32_t bar_v_full(int s) const { return bar_q() + 8 * (1 + 2 * Tr::kStages + s); }
+  __device__ __forceinline__ uint32_t bar_v_empty(int s) const { return bar_q() + 8 * (1 + 3 * Tr::kStages + s); }
+};
+
+// Position in the K/V ring: the stage, and the parity of its current fill.
+template <int kStages>
+struct PipeState {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// One unit of work: a kBlockM-row query tile of one (batch, head), and its key range.
+struct FwdTile {
+  int m_block, head, batch;
+  int n_blocks;  // key blocks 0 .. n_blocks-1 are visible to some row of the tile
+};
+
+}  // namespace jaxattn::sm90

@@ -1,0 +1,56 @@
+// Compile-time shape of the Hopper forward: CTA tile, pipeline depth, shared
+// memory layout and the warpgroup roles. One instantiation per head dim and
+// element type; everything else in cuda/sm90/ reads its numbers from here.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace jaxattn::sm90 {
+
+// Shared memory (offsets from a 1024-aligned base; every tile is 128B-swizzled and
+// stored as kChunks column chunks of 64 elements, each chunk [rows][64]):
+//   Q  [kChunks][kBlockM][64]          (reused for O in the epilogue)
+//   K  [kStages][kChunks][kBlockN][64]
+//   V  [kStages][kChunks][kBlockN][64]
+//   mbarriers: q_full, k_full[s], k_empty[s], v_full[s], v_empty[s]
+template <int kHeadDim_, typename Elem_>
+struct FwdTraits {
+  using Elem = Elem_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
+
+  static constexpr int kConsumerWarpgroups = 2;  // each owns 64 query rows
+  static constexpr int kBlockM = 64 * kConsumerWarpgroups;
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  static constexpr int kStages = kHeadDim <= 64 ? 3 : 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kProducerRegs = 24;   // 24*128 + 240*256 = 64512 <= 65536
+  static constexpr int kConsumerRegs = 240;
+
+  static constexpr int kChunks = kHeadDim / 64;       // 128-byte column chunks
+  static constexpr int kChunkRowBytes = 128;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V stage
+
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffK = kOffQ + kQBytes;
+  static constexpr int kOffV = kOffK + kStages * kKVBytes;
+  static constexpr int kOffBar = kOffV + kStages * kKVBytes;
+  static constexpr int kNumBars = 1 + 4 * kStages;
+  static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "1024-aligned tiles");
+};
+
+// Device-side arguments other than the tensor maps.
+struct FwdArgs {
+  float* lse;        // [B, T, N]
+  int seqlen_q, seqlen_k, num_heads, group;  // group = N / K
+  float scale;       // logits scale
+  float scale_log2;  // scale * log2(e)
+};
+
+}  // namespace jaxattn::sm90

@@ -1,0 +1,76 @@
+"""The jax.ffi.ffi_call of each compiled kernel: output types, workspace, attributes.
+
+Each takes rank-4 arrays [B, T, N, H] / [B, S, K, H]. Under vmap the calls
+get extra leading dimensions ("broadcast_all"), which the C++ handlers fold
+into the batch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._extension import register_targets
+
+_VMAP = "broadcast_all"
+
+
+def _attrs(scale: float, is_causal: bool) -> dict:
+    # Exact C++ types of the handlers' attributes: float and bool.
+    return {"scale": np.float32(scale), "is_causal": bool(is_causal)}
+
+
+def _forward(target: str, q, k, v, scale: float, is_causal: bool, **extra):
+    register_targets()
+    out_types = (
+        jax.ShapeDtypeStruct(q.shape, q.dtype),
+        jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32),
+    )
+    return jax.ffi.ffi_call(target, out_types, vmap_method=_VMAP)(q, k, v, **_attrs(scale, is_causal), **extra)
+
+
+def cpu_forward(q, k, v, *, scale: float, is_causal: bool):
+    """(out, lse) from the C++ CPU kernel."""
+    return _forward("jaxattn_cpu_fwd", q, k, v, scale, is_causal)
+
+
+def cuda_forward(q, k, v, *, scale: float, is_causal: bool, portable_only: bool = False):
+    """(out, lse) from the CUDA kernels: the Hopper one where it covers the call,
+    else the portable one (always the portable one with `portable_only`)."""
+    return _forward("jaxattn_cuda_fwd", q, k, v, scale, is_causal, portable_only=bool(portable_only))
+
+
+def cuda_sm80_forward(q, k, v, *, scale: float, is_causal: bool):
+    """(out, lse) from the portable (sm_80+) CUDA kernel only."""
+    return cuda_forward(q, k, v, scale=scale, is_causal=is_causal, portable_only=True)
+
+
+def _grad_types(q, k):
+    return (
+        jax.ShapeDtypeStruct(q.shape, q.dtype),
+        jax.ShapeDtypeStruct(k.shape, k.dtype),
+        jax.ShapeDtypeStruct(k.shape, k.dtype),
+    )
+
+
+def cpu_backward(q, k, v, out, lse, dout, dlse, *, scale: float, is_causal: bool):
+    """(dq, dk, dv) from the C++ CPU kernel (no workspace)."""
+    register_targets()
+    return jax.ffi.ffi_call("jaxattn_cpu_bwd", _grad_types(q, k), vmap_method=_VMAP)(
+        q, k, v, out, lse, dout, dlse, **_attrs(scale, is_causal)
+    )
+
+
+def cuda_backward(q, k, v, out, lse, dout, dlse, *, scale: float, is_causal: bool):
+    """(dq, dk, dv) from the CUDA kernels; dq_accum and dpsum are workspace outputs."""
+    register_targets()
+    B, T, N, _ = q.shape
+    workspace = (
+        jax.ShapeDtypeStruct(q.shape, jnp.float32),  # dq_accum
+        jax.ShapeDtypeStruct((B, N, T), jnp.float32),  # dpsum
+    )
+    dq, dk, dv, _, _ = jax.ffi.ffi_call(
+        "jaxattn_cuda_bwd", _grad_types(q, k) + workspace, vmap_method=_VMAP
+    )(q, k, v, out, lse, dout, dlse, **_attrs(scale, is_causal))
+    return dq, dk, dv

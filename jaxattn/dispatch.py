@@ -1,0 +1,67 @@
+"""Which kernel runs a call: the one rule, per platform, in one place.
+
+`implementation=None` picks per platform at lowering time (through
+jax.lax.platform_dependent): the CPU kernel on CPU; on CUDA GPUs the CUDA
+kernels when they cover the call, else the pure-JAX reference; the reference
+elsewhere. A forced implementation that cannot run the call raises
+NotImplementedError naming why, so callers can fall back.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ._extension import _jaxattn, built_with_cuda
+from ._validation import AttentionSpec
+
+CUDA_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def cuda_unsupported_reason(spec: AttentionSpec) -> str | None:
+    """Why the CUDA kernels cannot run `spec`, or None when they can."""
+    if not built_with_cuda():
+        return "jaxattn was built without CUDA kernels (nvcc was not found at build time)"
+    if spec.dtype not in CUDA_DTYPES:
+        return f"the CUDA kernels take bfloat16 or float16, not {spec.dtype}"
+    if spec.head_dim % 8 != 0:
+        return f"the CUDA kernels need a head dim that is a multiple of 8, got {spec.head_dim}"
+    return None
+
+
+def _compute_capability() -> tuple[int, int]:
+    """(major, minor) of the first CUDA device, or (0, 0) when there is none."""
+    try:
+        cc = jax.devices("gpu")[0].compute_capability
+        major, minor = (int(x) for x in str(cc).split(".")[:2])
+        return major, minor
+    except Exception:
+        return 0, 0
+
+
+def cuda_kernel_name(spec: AttentionSpec) -> str:
+    """The CUDA kernels that run `spec` (it must be supported), e.g. 'cuda:fwd=sm90,bwd=sm80'."""
+    fwd = _jaxattn.cuda_forward_kernel(
+        spec.batch, spec.seqlen_q, spec.seqlen_k, spec.num_heads, spec.num_heads_k,
+        spec.head_dim, spec.dtype in CUDA_DTYPES, *_compute_capability(),
+    )
+    return f"cuda:fwd={fwd},bwd=sm80"
+
+
+def kernel_for(spec: AttentionSpec, platform: str) -> str:
+    """The kernel `implementation=None` uses for `spec` on `platform` ('cpu', 'cuda' or 'gpu', ...)."""
+    if platform == "gpu":  # jax.default_backend() says "gpu" for CUDA devices
+        platform = "cuda"
+    if platform == "cpu":
+        return "cpu:flash"
+    if platform == "cuda" and cuda_unsupported_reason(spec) is None:
+        return cuda_kernel_name(spec)
+    return "reference"
+
+
+def check_forced(spec: AttentionSpec, implementation: str | None) -> None:
+    """Raises NotImplementedError when a forced implementation cannot run `spec`."""
+    if implementation in ("cuda", "cuda_sm80"):
+        reason = cuda_unsupported_reason(spec)
+        if reason is not None:
+            raise NotImplementedError(f"implementation={implementation!r} is unsupported here: {reason}")

@@ -1,0 +1,106 @@
+"""Shared fixtures: random inputs, the float64 reference, and the error bound."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jaxattn  # noqa: E402
+
+
+def has_gpu() -> bool:
+    try:
+        return len(jax.devices("gpu")) > 0
+    except RuntimeError:
+        return False
+
+
+HAS_GPU = has_gpu()
+CUDA_READY = HAS_GPU and jaxattn.built_with_cuda()
+gpu = pytest.mark.skipif(not CUDA_READY, reason="needs a CUDA GPU and jaxattn built with CUDA")
+
+# Implementations under test: the compiled kernels of every platform present.
+IMPLS = ["cpu", pytest.param("cuda", marks=[gpu, pytest.mark.gpu]),
+         pytest.param("cuda_sm80", marks=[gpu, pytest.mark.gpu])]
+HALF = (jnp.bfloat16, jnp.float16)
+DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+
+
+def device_for(impl: str | None):
+    if impl == "cpu":
+        return jax.devices("cpu")[0]
+    if impl in ("cuda", "cuda_sm80"):
+        return jax.devices("gpu")[0]
+    return jax.devices()[0]
+
+
+def dtypes_for(impl: str):
+    """The dtypes an implementation takes (the CUDA kernels are half-only)."""
+    return HALF if impl in ("cuda", "cuda_sm80") else DTYPES
+
+
+_counter = iter(range(10**9))
+
+
+def random_inputs(shape_q, shape_kv, dtype, *, device=None, count=3, seed=None):
+    """Fresh random normal arrays (never zeros): q, then key-shaped ones, then more q-shaped."""
+    rng = np.random.default_rng(next(_counter) if seed is None else seed)
+    shapes = [shape_q, shape_kv, shape_kv][:count] + [shape_q] * max(0, count - 3)
+    arrs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    out = [jnp.asarray(a, dtype) for a in arrs]
+    if device is not None:
+        out = [jax.device_put(a, device) for a in out]
+    return out
+
+
+def plain_attention(q, k, v, *, scale, is_causal):
+    """Attention computed by plain JAX entirely in the input dtype (the error yardstick)."""
+    g = q.shape[2] // k.shape[2]
+    k = jnp.repeat(k, g, axis=2)
+    v = jnp.repeat(v, g, axis=2)
+    s = jnp.einsum("btnh,bsnh->bnts", q, k) * jnp.asarray(scale, q.dtype)
+    if is_causal:
+        T, S = q.shape[1], k.shape[1]
+        s = jnp.where(jnp.arange(S)[None, :] <= jnp.arange(T)[:, None], s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bnts,bsnh->btnh", p.astype(q.dtype), v)
+
+
+def max_err(x, ref) -> float:
+    return float(np.max(np.abs(np.asarray(x, np.float64) - ref))) if np.size(ref) else 0.0
+
+
+def floor_for(dtype, ref) -> float:
+    """A small absolute floor: half an ulp of the dtype at max(1, largest |ref|) (inputs are O(1))."""
+    scale = float(np.max(np.abs(ref))) if np.size(ref) else 0.0
+    eps = 1e-5 if jnp.dtype(dtype) == jnp.float32 else float(jnp.finfo(dtype).eps) / 2
+    return eps * max(scale, 1.0)
+
+
+def assert_close(name, ours, plain, ref, dtype):
+    """FlashAttention's bound: our error <= 2x plain JAX's error in the same dtype + a floor."""
+    ours_np = np.asarray(ours.astype(jnp.float32))
+    assert np.all(np.isfinite(ours_np)), f"{name}: non-finite values (unwritten or NaN output)"
+    err = max_err(ours_np, ref)
+    bound = 2 * max_err(np.asarray(plain.astype(jnp.float32)), ref) + floor_for(dtype, ref)
+    assert err <= bound, f"{name}: max error {err:.3g} > bound {bound:.3g}"
+
+
+def poison_allocator(device, nbytes: int) -> None:
+    """Fills freed device memory with NaN so an output element a kernel forgets to write shows.
+
+    The allocator hands recently freed blocks to the next call, so the
+    kernel's output buffers most likely start as these NaNs.
+    """
+    n = max(1, nbytes // 4)
+    for _ in range(3):
+        x = jax.device_put(jnp.full((n,), jnp.nan, jnp.float32), device)
+        x.block_until_ready()
+        del x

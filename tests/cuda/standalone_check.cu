@@ -1,0 +1,459 @@
+// Standalone check and benchmark of the sm80 CUDA kernels (no JAX).
+//
+// For each case: fresh random q, k, v, dout; outputs and workspace poisoned
+// with NaN; flash_fwd_sm80 and flash_bwd_sm80 called; o, lse, dq, dk, dv
+// compared with a float64 CPU reference by relative Frobenius error. Then
+// large cases are timed (CUDA events) and reported in TFLOP/s.
+//
+// Usage: standalone_check [--quick] [--no-bench] [--no-check] [--h128]
+//   --quick: four small cases, no benchmark (for compute-sanitizer);
+//   --h128: only cases on the head-dim-128 kernels, and the T = 16384 benchmarks.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/params.h"
+#include "launch.h"
+
+using jaxattn::AttnParams;
+using jaxattn::DType;
+namespace jc = jaxattn::cuda;
+
+#define CUDA_CHECK(x)                                                                   \
+  do {                                                                                  \
+    cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+static void check_launch(const jc::LaunchStatus& st) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "launch failed in %s: %s\n", st.kernel, cudaGetErrorString(st.error));
+    std::exit(2);
+  }
+}
+
+struct Case {
+  int B, T, S, N, K, H;
+  bool bf16, causal;
+  int pad = 0;  // extra elements per head slot: tests non-contiguous strides
+};
+
+static std::string describe(const Case& c) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "B%d T%d S%d N%d K%d H%d %s %s%s", c.B, c.T, c.S, c.N, c.K, c.H,
+                c.bf16 ? "bf16" : "fp16", c.causal ? "causal" : "full",
+                c.pad ? " strided" : "");
+  return buf;
+}
+
+// ---- 16-bit host conversion ----------------------------------------------
+static uint16_t to_bits(float x, bool bf16) {
+  uint16_t r;
+  if (bf16) {
+    __nv_bfloat16 h = __float2bfloat16(x);
+    std::memcpy(&r, &h, 2);
+  } else {
+    __half h = __float2half(x);
+    std::memcpy(&r, &h, 2);
+  }
+  return r;
+}
+static float from_bits(uint16_t b, bool bf16) {
+  if (bf16) {
+    __nv_bfloat16 h;
+    std::memcpy(&h, &b, 2);
+    return __bfloat162float(h);
+  }
+  __half h;
+  std::memcpy(&h, &b, 2);
+  return __half2float(h);
+}
+
+// A [B, L, Hn, H] tensor with head slot H + pad; host values are the rounded ones.
+struct Tensor {
+  int B, L, Hn, H, pad;
+  bool bf16;
+  std::vector<uint16_t> bits;
+  uint16_t* dev = nullptr;
+  int64_t slot() const { return H + pad; }
+  int64_t head_stride() const { return slot(); }
+  int64_t row_stride() const { return slot() * Hn; }
+  int64_t batch_stride() const { return row_stride() * L; }
+  size_t count() const { return size_t(batch_stride()) * B; }
+  size_t idx(int b, int l, int h, int d) const {
+    return size_t(b * batch_stride() + l * row_stride() + h * head_stride() + d);
+  }
+  double at(int b, int l, int h, int d) const { return from_bits(bits[idx(b, l, h, d)], bf16); }
+};
+
+static Tensor make_tensor(int B, int L, int Hn, int H, int pad, bool bf16, std::mt19937_64* rng) {
+  Tensor t{B, L, Hn, H, pad, bf16, {}, nullptr};
+  t.bits.assign(t.count(), 0xFFFF);  // pad columns hold NaN: must never be read
+  if (rng) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int b = 0; b < B; ++b)
+      for (int l = 0; l < L; ++l)
+        for (int h = 0; h < Hn; ++h)
+          for (int d = 0; d < H; ++d) t.bits[t.idx(b, l, h, d)] = to_bits(nd(*rng), bf16);
+  }
+  CUDA_CHECK(cudaMalloc(&t.dev, t.count() * 2));
+  CUDA_CHECK(cudaMemcpy(t.dev, t.bits.data(), t.count() * 2, cudaMemcpyHostToDevice));
+  return t;
+}
+
+static void fetch(Tensor& t) {
+  CUDA_CHECK(cudaMemcpy(t.bits.data(), t.dev, t.count() * 2, cudaMemcpyDeviceToHost));
+}
+
+// Relative Frobenius error; the reference norm is floored at an RMS of 1e-3,
+// so that an output whose exact value is ~0 (dq, dk with a single key: dS = 0)
+// is judged by its absolute rounding noise.
+struct Err {
+  double num = 0, den = 0, n = 0;
+  long bad = 0;  // non-finite
+  void add(double got, double ref) {
+    n += 1;
+    if (!std::isfinite(got)) {
+      ++bad;
+      return;
+    }
+    num += (got - ref) * (got - ref);
+    den += ref * ref;
+  }
+  double rel() const { return bad ? INFINITY : std::sqrt(num / std::max(den, 1e-6 * n + 1e-300)); }
+};
+
+struct Result {
+  double o, lse, dq, dk, dv;
+  bool pad_intact;
+};
+
+static Result run_case(const Case& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const double scale = 1.0 / std::sqrt(double(c.H));
+  Tensor q = make_tensor(c.B, c.T, c.N, c.H, c.pad, c.bf16, &rng);
+  Tensor k = make_tensor(c.B, c.S, c.K, c.H, c.pad, c.bf16, &rng);
+  Tensor v = make_tensor(c.B, c.S, c.K, c.H, c.pad, c.bf16, &rng);
+  Tensor dout = make_tensor(c.B, c.T, c.N, c.H, c.pad, c.bf16, &rng);
+  Tensor o = make_tensor(c.B, c.T, c.N, c.H, c.pad, c.bf16, nullptr);  // NaN
+  Tensor dq = make_tensor(c.B, c.T, c.N, c.H, c.pad, c.bf16, nullptr);
+  Tensor dk = make_tensor(c.B, c.S, c.K, c.H, c.pad, c.bf16, nullptr);
+  Tensor dv = make_tensor(c.B, c.S, c.K, c.H, c.pad, c.bf16, nullptr);
+  const size_t rows = size_t(c.B) * c.T * c.N;
+  float *lse, *dq_accum, *dpsum;
+  CUDA_CHECK(cudaMalloc(&lse, rows * 4));
+  CUDA_CHECK(cudaMalloc(&dq_accum, rows * c.H * 4));
+  CUDA_CHECK(cudaMalloc(&dpsum, rows * 4));
+  CUDA_CHECK(cudaMemset(lse, 0xFF, rows * 4));
+  CUDA_CHECK(cudaMemset(dq_accum, 0xFF, rows * c.H * 4));
+  CUDA_CHECK(cudaMemset(dpsum, 0xFF, rows * 4));
+
+  AttnParams p;
+  p.batch = c.B, p.seqlen_q = c.T, p.seqlen_k = c.S, p.num_heads = c.N, p.num_heads_k = c.K;
+  p.head_dim = c.H, p.dtype = c.bf16 ? DType::kBF16 : DType::kF16;
+  p.scale = float(scale), p.is_causal = c.causal;
+  p.q = q.dev, p.k = k.dev, p.v = v.dev, p.o = o.dev, p.lse = lse;
+  p.q_batch_stride = q.batch_stride(), p.q_row_stride = q.row_stride(), p.q_head_stride = q.head_stride();
+  p.k_batch_stride = k.batch_stride(), p.k_row_stride = k.row_stride(), p.k_head_stride = k.head_stride();
+  p.v_batch_stride = v.batch_stride(), p.v_row_stride = v.row_stride(), p.v_head_stride = v.head_stride();
+  p.o_batch_stride = o.batch_stride(), p.o_row_stride = o.row_stride(), p.o_head_stride = o.head_stride();
+  p.dout = dout.dev, p.dq = dq.dev, p.dk = dk.dev, p.dv = dv.dev;
+  p.dq_accum = dq_accum, p.dpsum = dpsum;
+
+  check_launch(jc::flash_fwd_sm80(p, 0));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  check_launch(jc::flash_bwd_sm80(p, 0));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  fetch(o), fetch(dq), fetch(dk), fetch(dv);
+  std::vector<float> lse_h(rows);
+  CUDA_CHECK(cudaMemcpy(lse_h.data(), lse, rows * 4, cudaMemcpyDeviceToHost));
+
+  // float64 reference, parallel over (batch, kv head); dk/dv sum over the group.
+  const int G = c.N / c.K;
+  Err e_o, e_lse, e_dq, e_dk, e_dv;
+  std::vector<Err> eo(c.B * c.K), else_(c.B * c.K), edq(c.B * c.K), edk(c.B * c.K), edv(c.B * c.K);
+#pragma omp parallel for schedule(dynamic)
+  for (int bk = 0; bk < c.B * c.K; ++bk) {
+    const int b = bk / c.K, kh = bk % c.K, H = c.H;
+    std::vector<double> dk_r(size_t(c.S) * H, 0.0), dv_r(size_t(c.S) * H, 0.0);
+    std::vector<double> s(c.S), pr(c.S), orow(H), dqrow(H);
+    for (int n = kh * G; n < (kh + 1) * G; ++n) {
+      for (int i = 0; i < c.T; ++i) {
+        const int jend = c.causal ? std::min(c.S, i + 1) : c.S;
+        double mx = -INFINITY;
+        for (int j = 0; j < jend; ++j) {
+          double acc = 0;
+          for (int d = 0; d < H; ++d) acc += q.at(b, i, n, d) * k.at(b, j, kh, d);
+          s[j] = acc * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double l = 0;
+        for (int j = 0; j < jend; ++j) l += std::exp(s[j] - mx);
+        const double lse_r = jend ? mx + std::log(l) : -INFINITY;
+        std::fill(orow.begin(), orow.end(), 0.0);
+        for (int j = 0; j < jend; ++j) {
+          pr[j] = std::exp(s[j] - lse_r);
+          for (int d = 0; d < H; ++d) orow[d] += pr[j] * v.at(b, j, kh, d);
+        }
+        const double got_lse = lse_h[(size_t(b) * c.T + i) * c.N + n];
+        else_[bk].add(got_lse, lse_r);
+        double dps = 0;
+        for (int d = 0; d < H; ++d) {
+          eo[bk].add(o.at(b, i, n, d), orow[d]);
+          dps += dout.at(b, i, n, d) * orow[d];
+        }
+        std::fill(dqrow.begin(), dqrow.end(), 0.0);
+        for (int j = 0; j < jend; ++j) {
+          double dp = 0;
+          for (int d = 0; d < H; ++d) dp += dout.at(b, i, n, d) * v.at(b, j, kh, d);
+          const double ds = pr[j] * (dp - dps);
+          for (int d = 0; d < H; ++d) {
+            dqrow[d] += scale * ds * k.at(b, j, kh, d);
+            dk_r[size_t(j) * H + d] += scale * ds * q.at(b, i, n, d);
+            dv_r[size_t(j) * H + d] += pr[j] * dout.at(b, i, n, d);
+          }
+        }
+        for (int d = 0; d < H; ++d) edq[bk].add(dq.at(b, i, n, d), dqrow[d]);
+      }
+    }
+    for (int j = 0; j < c.S; ++j)
+      for (int d = 0; d < H; ++d) {
+        edk[bk].add(dk.at(b, j, kh, d), dk_r[size_t(j) * H + d]);
+        edv[bk].add(dv.at(b, j, kh, d), dv_r[size_t(j) * H + d]);
+      }
+  }
+  auto merge = [](Err& into, const std::vector<Err>& v) {
+    for (const Err& e : v) into.num += e.num, into.den += e.den, into.n += e.n, into.bad += e.bad;
+  };
+  merge(e_o, eo), merge(e_lse, else_), merge(e_dq, edq), merge(e_dk, edk), merge(e_dv, edv);
+
+  // Pad columns (strided cases) must still hold the poison: never written.
+  bool pad_ok = true;
+  if (c.pad) {
+    for (Tensor* t : {&o, &dq, &dk, &dv})
+      for (int b = 0; b < t->B; ++b)
+        for (int l = 0; l < t->L; ++l)
+          for (int h = 0; h < t->Hn; ++h)
+            for (int d = c.H; d < c.H + c.pad; ++d)
+              if (t->bits[t->idx(b, l, h, d)] != 0xFFFF) pad_ok = false;
+  }
+  for (Tensor* t : {&q, &k, &v, &dout, &o, &dq, &dk, &dv}) CUDA_CHECK(cudaFree(t->dev));
+  CUDA_CHECK(cudaFree(lse));
+  CUDA_CHECK(cudaFree(dq_accum));
+  CUDA_CHECK(cudaFree(dpsum));
+  return {e_o.rel(), e_lse.rel(), e_dq.rel(), e_dk.rel(), e_dv.rel(), pad_ok};
+}
+
+// ---- benchmark --------------------------------------------------------------
+__global__ void fill_random(uint16_t* x, size_t n, uint64_t seed, bool bf16) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    const float u = float(h >> 40) * (1.f / 16777216.f) * 2.f - 1.f;  // [-1, 1)
+    const float val = u * 1.7f;
+    if (bf16) {
+      __nv_bfloat16 b = __float2bfloat16(val);
+      x[i] = *reinterpret_cast<uint16_t*>(&b);
+    } else {
+      __half b = __float2half(val);
+      x[i] = *reinterpret_cast<uint16_t*>(&b);
+    }
+  }
+}
+
+__global__ void count_nonfinite(const uint16_t* x, size_t n, bool bf16, unsigned long long* out) {
+  unsigned long long c = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    // Exponent all ones: inf or NaN (bf16: 8 exponent bits, fp16: 5).
+    const uint16_t e = bf16 ? (x[i] >> 7) & 0xFF : (x[i] >> 10) & 0x1F;
+    c += bf16 ? (e == 0xFF) : (e == 0x1F);
+  }
+  atomicAdd(out, c);
+}
+
+struct Bench {
+  Case c;
+  double fwd_ms, bwd_ms, fwd_tflops, bwd_tflops, total_tflops;
+  unsigned long long nonfinite;
+};
+
+static Bench bench(const Case& c, int iters) {
+  const size_t nq = size_t(c.B) * c.T * c.N * c.H, nk = size_t(c.B) * c.S * c.K * c.H;
+  const size_t rows = size_t(c.B) * c.T * c.N;
+  uint16_t *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+  float *lse, *dq_accum, *dpsum;
+  CUDA_CHECK(cudaMalloc(&q, nq * 2));
+  CUDA_CHECK(cudaMalloc(&o, nq * 2));
+  CUDA_CHECK(cudaMalloc(&dout, nq * 2));
+  CUDA_CHECK(cudaMalloc(&dq, nq * 2));
+  CUDA_CHECK(cudaMalloc(&k, nk * 2));
+  CUDA_CHECK(cudaMalloc(&v, nk * 2));
+  CUDA_CHECK(cudaMalloc(&dk, nk * 2));
+  CUDA_CHECK(cudaMalloc(&dv, nk * 2));
+  CUDA_CHECK(cudaMalloc(&lse, rows * 4));
+  CUDA_CHECK(cudaMalloc(&dpsum, rows * 4));
+  CUDA_CHECK(cudaMalloc(&dq_accum, nq * 4));
+  fill_random<<<1024, 256>>>(q, nq, 1, c.bf16);
+  fill_random<<<1024, 256>>>(k, nk, 2, c.bf16);
+  fill_random<<<1024, 256>>>(v, nk, 3, c.bf16);
+  fill_random<<<1024, 256>>>(dout, nq, 4, c.bf16);
+  CUDA_CHECK(cudaGetLastError());
+
+  AttnParams p;
+  p.batch = c.B, p.seqlen_q = c.T, p.seqlen_k = c.S, p.num_heads = c.N, p.num_heads_k = c.K;
+  p.head_dim = c.H, p.dtype = c.bf16 ? DType::kBF16 : DType::kF16;
+  p.scale = 1.f / std::sqrt(float(c.H)), p.is_causal = c.causal;
+  p.q = q, p.k = k, p.v = v, p.o = o, p.lse = lse, p.dout = dout, p.dq = dq, p.dk = dk, p.dv = dv;
+  p.dq_accum = dq_accum, p.dpsum = dpsum;
+  jaxattn::set_contiguous_strides(p);
+
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  auto time_it = [&](auto fn) {
+    for (int i = 0; i < 2; ++i) check_launch(fn());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> ts;
+    for (int i = 0; i < iters; ++i) {
+      CUDA_CHECK(cudaEventRecord(e0));
+      check_launch(fn());
+      CUDA_CHECK(cudaEventRecord(e1));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      ts.push_back(ms);
+    }
+    std::sort(ts.begin(), ts.end());
+    return double(ts[ts.size() / 2]);
+  };
+  Bench r{c};
+  r.fwd_ms = time_it([&] { return jc::flash_fwd_sm80(p, 0); });
+  r.bwd_ms = time_it([&] { return jc::flash_bwd_sm80(p, 0); });
+  double flops = 4.0 * c.B * c.N * double(c.T) * c.S * c.H;
+  if (c.causal) flops /= 2;
+  r.fwd_tflops = flops / r.fwd_ms * 1e-9;
+  r.bwd_tflops = 2.5 * flops / r.bwd_ms * 1e-9;
+  r.total_tflops = 3.5 * flops / (r.fwd_ms + r.bwd_ms) * 1e-9;
+
+  unsigned long long* cnt;
+  CUDA_CHECK(cudaMalloc(&cnt, 8));
+  CUDA_CHECK(cudaMemset(cnt, 0, 8));
+  count_nonfinite<<<1024, 256>>>(o, nq, c.bf16, cnt);
+  count_nonfinite<<<1024, 256>>>(dq, nq, c.bf16, cnt);
+  count_nonfinite<<<1024, 256>>>(dk, nk, c.bf16, cnt);
+  count_nonfinite<<<1024, 256>>>(dv, nk, c.bf16, cnt);
+  CUDA_CHECK(cudaMemcpy(&r.nonfinite, cnt, 8, cudaMemcpyDeviceToHost));
+  for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk,
+                    (void*)dv, (void*)lse, (void*)dpsum, (void*)dq_accum, (void*)cnt})
+    CUDA_CHECK(cudaFree(ptr));
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  return r;
+}
+
+int main(int argc, char** argv) {
+  bool quick = false, do_bench = true, do_check = true, h128 = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--h128")) h128 = true;
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
+    if (!std::strcmp(argv[i], "--no-check")) do_check = false;
+  }
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major,
+              prop.minor);
+
+  //              B    T    S  N  K    H  bf16 causal pad
+  std::vector<Case> cases = {
+      {2, 256, 256, 4, 4, 64, true, false},
+      {2, 256, 256, 4, 4, 64, true, true},
+      {1, 197, 301, 6, 2, 128, true, true},
+      {1, 301, 197, 4, 1, 128, false, true},
+      {2, 130, 130, 2, 2, 32, false, false},
+      {1, 100, 150, 4, 2, 40, true, true},
+      {1, 257, 257, 2, 1, 96, true, false},
+      {1, 200, 333, 4, 4, 80, false, true},
+      {1, 200, 200, 4, 2, 192, true, true},
+      {1, 190, 190, 2, 2, 256, true, false},
+      {1, 129, 64, 2, 1, 256, false, true},
+      {1, 77, 99, 3, 3, 200, true, false},
+      {1, 50, 50, 2, 1, 8, true, true},
+      {1, 1, 1, 1, 1, 128, true, false},
+      {1, 1, 1000, 2, 1, 128, true, false},
+      {1, 1000, 1, 2, 1, 64, true, true},
+      {2, 512, 512, 4, 2, 128, true, false, 8},
+      {1, 512, 512, 8, 1, 128, false, true},
+      {1, 300, 300, 2, 2, 136, true, true, 24},
+      {1, 640, 640, 2, 2, 128, true, true},
+  };
+  if (quick) cases = {cases[2], cases[8], cases[9], cases[16]};
+  auto on_h128 = [](const Case& c) { return c.H > 96 && c.H <= 128; };
+  if (h128) cases.erase(std::remove_if(cases.begin(), cases.end(), [&](const Case& c) { return !on_h128(c); }), cases.end());
+
+  bool all_ok = true;
+  std::vector<std::string> lines;
+  if (do_check) {
+    std::random_device rd;
+    for (const Case& c : cases) {
+      const Result r = run_case(c, (uint64_t(rd()) << 32) ^ rd());
+      const double tol = c.bf16 ? 2e-2 : 4e-3;
+      const double lse_tol = 1e-4;  // relative; lse is computed in f32
+      const bool ok = r.o < tol && r.dq < tol && r.dk < tol && r.dv < tol && r.lse < lse_tol &&
+                      r.pad_intact;
+      all_ok &= ok;
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "%-40s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e %s%s",
+                    describe(c).c_str(), r.o, r.lse, r.dq, r.dk, r.dv, ok ? "ok" : "FAIL",
+                    r.pad_intact ? "" : " (pad written)");
+      std::printf("%s\n", buf);
+      std::fflush(stdout);
+      lines.push_back(buf);
+    }
+  }
+
+  std::vector<Bench> benches;
+  if (do_bench && !quick) {
+    std::vector<Case> big = {
+        {1, 16384, 16384, 16, 16, 128, true, false}, {1, 16384, 16384, 16, 16, 128, true, true},
+        {4, 4096, 4096, 16, 16, 128, true, false},   {4, 4096, 4096, 16, 16, 128, true, true},
+        {2, 8192, 8192, 16, 16, 64, true, false},    {2, 8192, 8192, 16, 16, 256, true, false},
+        {1, 16384, 16384, 16, 16, 128, false, false},
+    };
+    if (h128) big.resize(2);
+    for (const Case& c : big) {
+      benches.push_back(bench(c, 5));
+      const Bench& b = benches.back();
+      std::printf("bench %-40s fwd %.3f ms bwd %.3f ms\n", describe(c).c_str(), b.fwd_ms, b.bwd_ms);
+      std::fflush(stdout);
+    }
+  }
+
+  std::printf("\n===== results =====\n");
+  for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+  for (const Bench& b : benches) {
+    std::printf("%-40s fwd %6.1f  bwd %6.1f  fwd+bwd %6.1f TFLOP/s%s\n", describe(b.c).c_str(),
+                b.fwd_tflops, b.bwd_tflops, b.total_tflops,
+                b.nonfinite ? " NONFINITE OUTPUTS" : "");
+    all_ok &= b.nonfinite == 0;
+  }
+  std::printf("%s\n", all_ok ? "ALL OK" : "SOME FAILED");
+  return all_ok ? 0 : 1;
+}

@@ -1,0 +1,41 @@
+"""The C++ handlers validate their buffers too: a malformed call returns an error, not a crash."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxattn._extension import register_targets
+
+
+def _call(target, out_types, *args, **attrs):
+    register_targets()
+    return jax.ffi.ffi_call(target, out_types)(*args, **attrs)
+
+
+def _attrs():
+    return {"scale": np.float32(0.25), "is_causal": False}
+
+
+def test_cpu_handler_rejects_mismatched_heads():
+    q = jnp.ones((1, 4, 3, 8), jnp.float32)
+    k = jnp.ones((1, 4, 2, 8), jnp.float32)
+    outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32))
+    with pytest.raises(Exception, match=r"query heads must be a multiple of key heads"):
+        jax.block_until_ready(jax.jit(lambda q, k: _call("jaxattn_cpu_fwd", outs, q, k, k, **_attrs()))(q, k))
+
+
+def test_cpu_handler_rejects_wrong_lse_shape():
+    q = jnp.ones((1, 4, 2, 8), jnp.float32)
+    outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((1, 4, 3), jnp.float32))
+    with pytest.raises(Exception, match=r"lse must have shape"):
+        jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, **_attrs()))(q))
+
+
+def test_cpu_handler_rejects_integer_inputs():
+    q = jnp.ones((1, 4, 2, 8), jnp.int32)
+    outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32))
+    with pytest.raises(Exception, match=r"dtype must be float32, bfloat16 or float16"):
+        jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, **_attrs()))(q))
