@@ -25,13 +25,12 @@ static ffi::Error check_cuda_supported(const AttnParams& p) {
   return ffi::Error::Success();
 }
 
-// Compute capability of the device that runs `stream`.
-static void device_cc(cudaStream_t stream, int* major, int* minor) {
+// Compute capability of the current device (XLA makes the stream's device
+// current). Only queries that are legal while XLA captures the stream into a
+// CUDA graph: no stream queries.
+static void device_cc(int* major, int* minor) {
   int dev = 0;
-  if (cudaStreamGetDevice(stream, &dev) != cudaSuccess) {
-    cudaGetLastError();  // clear it; fall back to the current device
-    cudaGetDevice(&dev);
-  }
+  cudaGetDevice(&dev);
   cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev);
 }
@@ -42,7 +41,7 @@ static cuda::LaunchStatus launch_forward(const AttnParams& p, cudaStream_t strea
 #ifdef JAXATTN_WITH_SM90
   int major = 0, minor = 0;
   if (portable_only) return cuda::flash_fwd_sm80(p, stream);
-  device_cc(stream, &major, &minor);
+  device_cc(&major, &minor);
   if (cuda::sm90_fwd_supports(p, major, minor)) return cuda::flash_fwd_sm90(p, stream);
 #endif
   (void)portable_only;

@@ -28,6 +28,9 @@ NB_MODULE(_jaxattn, m) {
   });
   m.def("cuda_targets", []() {
     nb::dict d;
+#ifdef JAXATTN_WITH_SM90
+    jaxattn::cuda::sm90_prepare();
+#endif
 #ifdef JAXATTN_WITH_CUDA
     d["jaxattn_cuda_fwd"] = capsule(JaxattnCudaFwd);
     d["jaxattn_cuda_bwd"] = capsule(JaxattnCudaBwd);

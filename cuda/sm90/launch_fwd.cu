@@ -48,6 +48,8 @@ bool sm90_fwd_supports(const AttnParams& p, int cc_major, int cc_minor) {
   return sm90::get_encode_tiled() != nullptr;  // a driver with TMA tensor maps
 }
 
+void sm90_prepare() { (void)sm90::get_encode_tiled(); }
+
 LaunchStatus flash_fwd_sm90(const AttnParams& p, cudaStream_t stream) {
   return sm90::flash_fwd_sm90_variant(p, stream, sm90::FwdVariant::kDefault);
 }
