@@ -50,7 +50,7 @@ def test_value_and_grad_and_checkpoint(impl):
     val, grads = jax.jit(jax.value_and_grad(loss(flash), argnums=(0, 1, 2)))(q, k, v)
     val_c, grads_c = jax.jit(jax.value_and_grad(loss(jax.checkpoint(flash)), argnums=(0, 1, 2)))(q, k, v)
     val_r, grads_r = jax.value_and_grad(loss(_ref), argnums=(0, 1, 2))(q, k, v)
-    np.testing.assert_allclose(float(val), float(val_r), rtol=1e-4)
+    np.testing.assert_allclose(float(val), float(val_r), rtol=1e-4 if dtype == jnp.float32 else 1e-2)
     np.testing.assert_allclose(float(val_c), float(val), rtol=1e-6)
     for a, b, c in zip(grads, grads_c, grads_r):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
