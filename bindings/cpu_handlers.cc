@@ -2,6 +2,7 @@
 #include "cpu_handlers.h"
 
 #include "cpu/flash_cpu.h"
+#include "ffi_bindings.h"
 #include "ffi_params.h"
 
 namespace jaxattn {
@@ -29,26 +30,7 @@ static ffi::Error cpu_bwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, 
 }  // namespace jaxattn
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxattnCpuFwd, jaxattn::cpu_fwd,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // q
-                                  .Arg<xla::ffi::AnyBuffer>()  // k
-                                  .Arg<xla::ffi::AnyBuffer>()  // v
-                                  .Ret<xla::ffi::AnyBuffer>()  // o
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // lse
-                                  .Attr<float>("scale")
-                                  .Attr<bool>("is_causal"));
+                              jaxattn::bind_options(jaxattn::bind_forward_buffers(xla::ffi::Ffi::Bind())));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxattnCpuBwd, jaxattn::cpu_bwd,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // q
-                                  .Arg<xla::ffi::AnyBuffer>()  // k
-                                  .Arg<xla::ffi::AnyBuffer>()  // v
-                                  .Arg<xla::ffi::AnyBuffer>()  // o
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // lse
-                                  .Arg<xla::ffi::AnyBuffer>()  // dout
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // dlse
-                                  .Ret<xla::ffi::AnyBuffer>()  // dq
-                                  .Ret<xla::ffi::AnyBuffer>()  // dk
-                                  .Ret<xla::ffi::AnyBuffer>()  // dv
-                                  .Attr<float>("scale")
-                                  .Attr<bool>("is_causal"));
+                              jaxattn::bind_options(jaxattn::bind_backward_buffers(xla::ffi::Ffi::Bind())));

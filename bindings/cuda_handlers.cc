@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "ffi_bindings.h"
 #include "ffi_params.h"
 #include "launch.h"
 
@@ -86,34 +87,17 @@ static ffi::Error cuda_bwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
 
 }  // namespace jaxattn
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxattnCudaFwd, jaxattn::cuda_fwd,
-                       xla::ffi::Ffi::Bind()
-                           .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                           .Arg<xla::ffi::AnyBuffer>()  // q
-                           .Arg<xla::ffi::AnyBuffer>()  // k
-                           .Arg<xla::ffi::AnyBuffer>()  // v
-                           .Ret<xla::ffi::AnyBuffer>()  // o
-                           .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // lse
-                           .Attr<float>("scale")
-                           .Attr<bool>("is_causal")
-                           .Attr<bool>("portable_only"),  // skip the Hopper kernel
-                       {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxattnCudaFwd, jaxattn::cuda_fwd,
+    jaxattn::bind_options(jaxattn::bind_forward_buffers(
+                              xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()))
+        .Attr<bool>("portable_only"),  // skip the Hopper kernel
+    {xla::ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxattnCudaBwd, jaxattn::cuda_bwd,
-                       xla::ffi::Ffi::Bind()
-                           .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                           .Arg<xla::ffi::AnyBuffer>()  // q
-                           .Arg<xla::ffi::AnyBuffer>()  // k
-                           .Arg<xla::ffi::AnyBuffer>()  // v
-                           .Arg<xla::ffi::AnyBuffer>()  // o
-                           .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // lse
-                           .Arg<xla::ffi::AnyBuffer>()  // dout
-                           .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // dlse
-                           .Ret<xla::ffi::AnyBuffer>()  // dq
-                           .Ret<xla::ffi::AnyBuffer>()  // dk
-                           .Ret<xla::ffi::AnyBuffer>()  // dv
-                           .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // dq_accum (workspace)
-                           .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // dpsum (workspace)
-                           .Attr<float>("scale")
-                           .Attr<bool>("is_causal"),
-                       {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxattnCudaBwd, jaxattn::cuda_bwd,
+    jaxattn::bind_options(
+        jaxattn::bind_backward_buffers(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>())
+            .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // dq_accum (workspace)
+            .Ret<xla::ffi::Buffer<xla::ffi::F32>>()),  // dpsum (workspace)
+    {xla::ffi::Traits::kCmdBufferCompatible});

@@ -16,4 +16,6 @@ start=$(date +%s)
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
   .venv/bin/python -m pip install -q --no-build-isolation --no-deps .
 echo "jaxattn built and installed in $(( $(date +%s) - start )) s"
-.venv/bin/python -c "import jaxattn; print('jaxattn', jaxattn.__version__, '- CUDA kernels:', jaxattn.built_with_cuda())"
+# From another directory: the source tree would shadow the installed package.
+venv_python="$(pwd)/.venv/bin/python"
+(cd / && "$venv_python" -c "import jaxattn; print('jaxattn', jaxattn.__version__, '- CUDA kernels:', jaxattn.built_with_cuda())")

@@ -29,6 +29,7 @@
 #include "common/params.h"
 #include "launch.h"
 #include "sm90/fwd_dispatch.h"
+#include "half_bits.h"
 
 using jaxattn::AttnParams;
 using jaxattn::DType;
@@ -56,28 +57,6 @@ static const char* variant_name(FwdVariant v) {
   }
 }
 
-// ---- 16-bit host conversion ------------------------------------------------------------
-static uint16_t to_bits(float x, bool bf16) {
-  uint16_t r;
-  if (bf16) {
-    __nv_bfloat16 h = __float2bfloat16(x);
-    std::memcpy(&r, &h, 2);
-  } else {
-    __half h = __float2half(x);
-    std::memcpy(&r, &h, 2);
-  }
-  return r;
-}
-static float from_bits(uint16_t b, bool bf16) {
-  if (bf16) {
-    __nv_bfloat16 h;
-    std::memcpy(&h, &b, 2);
-    return __bfloat162float(h);
-  }
-  __half h;
-  std::memcpy(&h, &b, 2);
-  return __half2float(h);
-}
 
 struct Case {
   int B, T, S, N, K, H;

@@ -1,0 +1,45 @@
+// The argument lists of the FFI targets, shared by every backend so that the
+// CPU and CUDA handlers of one pass take exactly the same buffers and options.
+// Each helper appends to a binding (which may already hold a Ctx).
+#pragma once
+
+#include <utility>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxattn {
+
+namespace ffi = xla::ffi;
+
+// Forward: q, k, v -> o, lse.
+template <typename Binding>
+auto bind_forward_buffers(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()  // q
+      .template Arg<ffi::AnyBuffer>()          // k
+      .template Arg<ffi::AnyBuffer>()          // v
+      .template Ret<ffi::AnyBuffer>()          // o
+      .template Ret<ffi::Buffer<ffi::F32>>();  // lse
+}
+
+// Backward: q, k, v, o, lse, dout, dlse -> dq, dk, dv.
+template <typename Binding>
+auto bind_backward_buffers(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()  // q
+      .template Arg<ffi::AnyBuffer>()          // k
+      .template Arg<ffi::AnyBuffer>()          // v
+      .template Arg<ffi::AnyBuffer>()          // o
+      .template Arg<ffi::Buffer<ffi::F32>>()   // lse
+      .template Arg<ffi::AnyBuffer>()          // dout
+      .template Arg<ffi::Buffer<ffi::F32>>()   // dlse
+      .template Ret<ffi::AnyBuffer>()          // dq
+      .template Ret<ffi::AnyBuffer>()          // dk
+      .template Ret<ffi::AnyBuffer>();         // dv
+}
+
+// The static options every pass takes, as attributes of exact C++ types.
+template <typename Binding>
+auto bind_options(Binding b) {
+  return std::move(b).template Attr<float>("scale").template Attr<bool>("is_causal");
+}
+
+}  // namespace jaxattn
