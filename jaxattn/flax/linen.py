@@ -1,0 +1,67 @@
+"""jaxattn.flax.linen.MultiHeadAttention: a flax.linen self-attention layer on jaxattn's kernels."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from . import _common
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head self-attention (GQA, causal, rotary) calling ``jaxattn.flash_attention``.
+
+    The linen twin of ``jaxattn.flax.nnx.MultiHeadAttention``: same
+    arguments (less ``rngs``), same parameter names and shapes, same math
+    (``jaxattn.flax._common.multi_head_attention``). ``in_features`` is
+    taken from the input when left None. ``kernel_axes`` become
+    ``nn.with_logical_partitioning`` annotations (see
+    ``flax.linen.get_partition_spec`` / ``nn.logical_to_mesh_sharding``).
+    """
+
+    num_heads: int
+    in_features: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    out_features: int | None = None
+    is_causal: bool = False
+    rope_theta: float | None = None
+    use_bias: bool = False
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    kernel_init: Callable | None = None
+    kernel_axes: tuple[str | None, str | None, str | None] | None = None
+    attention_fn: Callable | None = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array, *, positions: jax.Array | None = None) -> jax.Array:
+        """Self-attention of x [batch..., T, in_features]; positions [batch..., T]
+        or [T] feed the rotary embedding (default 0..T-1)."""
+        config = _common.AttentionConfig.create(
+            in_features=self.in_features or x.shape[-1], num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            out_features=self.out_features, is_causal=self.is_causal,
+            rope_theta=self.rope_theta, use_bias=self.use_bias,
+        )
+        params = {}
+        for name in _common.PROJECTIONS:
+            kernel_names, bias_names = _common.kernel_axes_for(name, self.kernel_axes)
+            init = self.kernel_init or _common.default_kernel_init(_common.fan_in_axes(name))
+            params[f"{name}_kernel"] = self.param(
+                f"{name}_kernel", _annotated(init, kernel_names), config.kernel_shape(name),
+                self.param_dtype)
+            if config.use_bias:
+                params[f"{name}_bias"] = self.param(
+                    f"{name}_bias", _annotated(jax.nn.initializers.zeros, bias_names),
+                    config.bias_shape(name), self.param_dtype)
+        return _common.multi_head_attention(
+            config, params, x, positions=positions, dtype=self.dtype, attention_fn=self.attention_fn,
+        )
+
+
+def _annotated(init, axes):
+    """``init`` with logical partitioning metadata when ``axes`` are given."""
+    return init if axes is None else nn.with_logical_partitioning(init, axes)
