@@ -13,7 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from . import _ffi_calls, dispatch, reference
+from . import _ffi_calls, dispatch, reference, sharding
 from ._validation import check_inputs
 
 
@@ -38,25 +38,31 @@ def _reference_backward(q, k, v, out, lse, dout, dlse, *, scale, is_causal):
     return vjp((dout, dlse))
 
 
-def _run(plan: _Plan, cpu, cuda, ref, *args):
-    """Runs the kernel of `plan` on `args`, per platform when none is forced."""
+@functools.lru_cache(maxsize=256)
+def _local(plan: _Plan, cpu, cuda, ref):
+    """The kernel of `plan` on one device's arrays, per platform when none is forced.
+
+    Cached: one function per plan, so its sharded (jitted) wrapper is reused.
+    """
     kw = dict(scale=plan.scale, is_causal=plan.is_causal)
+    # The FFI calls' results typed like their inputs inside shard_map.
+    cpu = sharding.typed_per_device(functools.partial(cpu, **kw))
+    cuda = sharding.typed_per_device(functools.partial(cuda, **kw))
+    ref = functools.partial(ref, **kw)
     if plan.implementation == "cpu":
-        return cpu(*args, **kw)
+        return cpu
     if plan.implementation in ("cuda", "cuda_sm80"):
-        return cuda(*args, **kw)
-    return jax.lax.platform_dependent(
-        *args,
-        cpu=functools.partial(cpu, **kw),
-        cuda=functools.partial(cuda if plan.cuda_ok else ref, **kw),
-        default=functools.partial(ref, **kw),
+        return cuda
+    return lambda *args: jax.lax.platform_dependent(
+        *args, cpu=cpu, cuda=cuda if plan.cuda_ok else ref, default=ref
     )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _flash(q, k, v, plan: _Plan):
     cuda = _ffi_calls.cuda_sm80_forward if plan.implementation == "cuda_sm80" else _ffi_calls.cuda_forward
-    return _run(plan, _ffi_calls.cpu_forward, cuda, _reference_forward, q, k, v)
+    local = _local(plan, _ffi_calls.cpu_forward, cuda, _reference_forward)
+    return sharding.partitioned_forward(local, q, k, v)
 
 
 def _flash_fwd(q, k, v, plan: _Plan):
@@ -67,9 +73,9 @@ def _flash_fwd(q, k, v, plan: _Plan):
 def _flash_bwd(plan: _Plan, residuals, cotangents):
     q, k, v, out, lse = residuals
     dout, dlse = cotangents
-    dq, dk, dv = _run(
-        plan, _ffi_calls.cpu_backward, _ffi_calls.cuda_backward, _reference_backward,
-        q, k, v, out, lse, dout.astype(q.dtype), dlse.astype(jnp.float32),
+    local = _local(plan, _ffi_calls.cpu_backward, _ffi_calls.cuda_backward, _reference_backward)
+    dq, dk, dv = sharding.partitioned_backward(
+        local, q, k, v, out, lse, dout.astype(q.dtype), dlse.astype(jnp.float32)
     )
     return dq, dk, dv
 
