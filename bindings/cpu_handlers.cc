@@ -9,9 +9,11 @@ namespace jaxattn {
 
 static ffi::Error cpu_fwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                           ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
-                          float scale, bool is_causal) {
+                          float scale, bool is_causal, ffi::Buffer<ffi::S32> q_lengths,
+                          ffi::Buffer<ffi::S32> kv_lengths, int32_t window_left, int32_t window_right, float softcap) {
   AttnParams p;
   if (auto e = fill_forward(p, q, k, v, *o, *lse, scale, is_causal); e.failure()) return e;
+  if (auto e = fill_masks(p, q_lengths, kv_lengths, window_left, window_right, softcap); e.failure()) return e;
   cpu::flash_fwd(p);
   return ffi::Error::Success();
 }
@@ -19,10 +21,13 @@ static ffi::Error cpu_fwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
 static ffi::Error cpu_bwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,
                           ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::Buffer<ffi::F32> dlse,
                           ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                          ffi::Result<ffi::AnyBuffer> dv, float scale, bool is_causal) {
+                          ffi::Result<ffi::AnyBuffer> dv, float scale, bool is_causal,
+                          ffi::Buffer<ffi::S32> q_lengths, ffi::Buffer<ffi::S32> kv_lengths,
+                          int32_t window_left, int32_t window_right, float softcap) {
   AttnParams p;
   if (auto e = fill_backward(p, q, k, v, o, lse, dout, dlse, *dq, *dk, *dv, scale, is_causal); e.failure())
     return e;
+  if (auto e = fill_masks(p, q_lengths, kv_lengths, window_left, window_right, softcap); e.failure()) return e;
   cpu::flash_bwd(p);
   return ffi::Error::Success();
 }
@@ -30,7 +35,9 @@ static ffi::Error cpu_bwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, 
 }  // namespace jaxattn
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxattnCpuFwd, jaxattn::cpu_fwd,
-                              jaxattn::bind_options(jaxattn::bind_forward_buffers(xla::ffi::Ffi::Bind())));
+                              jaxattn::bind_mask_args(jaxattn::bind_options(
+                                  jaxattn::bind_forward_buffers(xla::ffi::Ffi::Bind()))));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxattnCpuBwd, jaxattn::cpu_bwd,
-                              jaxattn::bind_options(jaxattn::bind_backward_buffers(xla::ffi::Ffi::Bind())));
+                              jaxattn::bind_mask_args(jaxattn::bind_options(
+                                  jaxattn::bind_backward_buffers(xla::ffi::Ffi::Bind()))));

@@ -42,4 +42,18 @@ auto bind_options(Binding b) {
   return std::move(b).template Attr<float>("scale").template Attr<bool>("is_causal");
 }
 
+// The masking inputs and options of the CPU handlers (appended after the
+// pass's buffers and options): q_lengths, kv_lengths int32 [...batch]
+// buffers, the local window attributes (-1 = unlimited) and the logit
+// soft cap (0 = off). The CUDA
+// handlers do not take them yet.
+template <typename Binding>
+auto bind_mask_args(Binding b) {
+  return std::move(b).template Arg<ffi::Buffer<ffi::S32>>()  // q_lengths
+      .template Arg<ffi::Buffer<ffi::S32>>()                 // kv_lengths
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right")
+      .template Attr<float>("softcap");
+}
+
 }  // namespace jaxattn

@@ -137,4 +137,26 @@ inline ffi::Error fill_backward(AttnParams& p, const ffi::AnyBuffer& q, const ff
   return ffi::Error::Success();
 }
 
+// The masking inputs of a call (after fill_forward / fill_backward): per-batch
+// lengths, int32 with one element per folded batch entry, and the window.
+inline ffi::Error fill_masks(AttnParams& p, const ffi::Buffer<ffi::S32>& q_lengths,
+                             const ffi::Buffer<ffi::S32>& kv_lengths, int32_t window_left,
+                             int32_t window_right, float softcap) {
+  if (static_cast<int64_t>(q_lengths.element_count()) != p.batch ||
+      static_cast<int64_t>(kv_lengths.element_count()) != p.batch)
+    return invalid("query/key-value lengths must hold one int32 per batch entry (" + std::to_string(p.batch) +
+                   "), got " + dims_str(q_lengths.dimensions()) + " and " + dims_str(kv_lengths.dimensions()));
+  if (window_left < -1 || window_right < -1)
+    return invalid("window sizes must be >= 0 (or -1 for unlimited), got (" + std::to_string(window_left) + ", " +
+                   std::to_string(window_right) + ")");
+  if (!std::isfinite(softcap) || softcap < 0.f)
+    return invalid("logits soft cap must be finite and >= 0 (0 = off), got " + std::to_string(softcap));
+  p.softcap = softcap;
+  p.q_lengths = q_lengths.typed_data();
+  p.kv_lengths = kv_lengths.typed_data();
+  p.window_left = window_left;
+  p.window_right = window_right;
+  return ffi::Error::Success();
+}
+
 }  // namespace jaxattn

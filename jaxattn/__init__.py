@@ -13,14 +13,20 @@ from .attention import flash_attention
 __version__ = "0.1.0"
 
 
-def kernel_for(query, key, value, *, is_causal=False, scale=None, implementation=None, platform=None) -> str:
+def kernel_for(query, key, value, *, is_causal=False, scale=None, implementation=None, platform=None,
+               local_window_size=None, query_seq_lengths=None, key_value_seq_lengths=None,
+               logits_soft_cap=None) -> str:
     """Names the kernel that ``flash_attention`` would use for these arguments.
 
     ``platform`` defaults to ``jax.default_backend()``. Returns e.g.
     ``"cuda:sm80_flash"``, ``"cpu:flash"`` or ``"reference"``. Raises what
     ``flash_attention`` would raise for the same arguments.
     """
-    spec = _check_inputs(query, key, value, scale=scale, is_causal=is_causal, implementation=implementation)
+    spec = _check_inputs(
+        query, key, value, scale=scale, is_causal=is_causal, implementation=implementation,
+        local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths, logits_soft_cap=logits_soft_cap,
+    )
     _dispatch.check_forced(spec, implementation)
     if implementation == "reference":
         return "reference"

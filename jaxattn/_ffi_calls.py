@@ -21,18 +21,36 @@ def _attrs(scale: float, is_causal: bool) -> dict:
     return {"scale": np.float32(scale), "is_causal": bool(is_causal)}
 
 
-def _forward(target: str, q, k, v, scale: float, is_causal: bool, **extra):
+def _forward(target: str, q, k, v, scale: float, is_causal: bool, *operands, **extra):
     register_targets()
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32),
     )
-    return jax.ffi.ffi_call(target, out_types, vmap_method=_VMAP)(q, k, v, **_attrs(scale, is_causal), **extra)
+    return jax.ffi.ffi_call(target, out_types, vmap_method=_VMAP)(
+        q, k, v, *operands, **_attrs(scale, is_causal), **extra
+    )
 
 
-def cpu_forward(q, k, v, *, scale: float, is_causal: bool):
+def _mask_operands(q, k, q_lengths, kv_lengths, window, softcap):
+    """The CPU targets' masking operands: lengths int32 [B] (full when not
+    given), the window attributes (-1: unlimited) and the soft cap (0: off)."""
+    B, T, S = q.shape[0], q.shape[1], k.shape[1]
+    if q_lengths is None:
+        q_lengths = jnp.full((B,), T, jnp.int32)
+    if kv_lengths is None:
+        kv_lengths = jnp.full((B,), S, jnp.int32)
+    left, right = (-1, -1) if window is None else window
+    attrs = {"window_left": np.int32(left), "window_right": np.int32(right),
+             "softcap": np.float32(0.0 if softcap is None else softcap)}
+    return (q_lengths.astype(jnp.int32), kv_lengths.astype(jnp.int32)), attrs
+
+
+def cpu_forward(q, k, v, q_lengths=None, kv_lengths=None, *, scale: float, is_causal: bool, window=None,
+                softcap=None):
     """(out, lse) from the C++ CPU kernel."""
-    return _forward("jaxattn_cpu_fwd", q, k, v, scale, is_causal)
+    lengths, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap)
+    return _forward("jaxattn_cpu_fwd", q, k, v, scale, is_causal, *lengths, **attrs)
 
 
 def cuda_forward(q, k, v, *, scale: float, is_causal: bool, portable_only: bool = False):
@@ -54,11 +72,13 @@ def _grad_types(q, k):
     )
 
 
-def cpu_backward(q, k, v, out, lse, dout, dlse, *, scale: float, is_causal: bool):
+def cpu_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None, *, scale: float,
+                 is_causal: bool, window=None, softcap=None):
     """(dq, dk, dv) from the C++ CPU kernel (no workspace)."""
     register_targets()
+    lengths, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap)
     return jax.ffi.ffi_call("jaxattn_cpu_bwd", _grad_types(q, k), vmap_method=_VMAP)(
-        q, k, v, out, lse, dout, dlse, **_attrs(scale, is_causal)
+        q, k, v, out, lse, dout, dlse, *lengths, **_attrs(scale, is_causal), **attrs
     )
 
 

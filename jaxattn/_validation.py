@@ -32,6 +32,29 @@ class AttentionSpec:
     dtype: jnp.dtype
     scale: float
     is_causal: bool
+    # Local window (left, right), None for none; and whether per-batch
+    # query / key-value lengths were given (their values may be traced).
+    window: tuple[int, int] | None = None
+    has_q_lengths: bool = False
+    has_kv_lengths: bool = False
+    softcap: float | None = None  # logits_soft_cap
+
+    @property
+    def masked(self) -> bool:
+        """Uses an option beyond is_causal (window, lengths or soft cap)."""
+        return bool(self.mask_features())
+
+    def mask_features(self) -> list[str]:
+        names = []
+        if self.window is not None:
+            names.append("local_window_size")
+        if self.has_q_lengths:
+            names.append("query_seq_lengths")
+        if self.has_kv_lengths:
+            names.append("key_value_seq_lengths")
+        if self.softcap is not None:
+            names.append("logits_soft_cap")
+        return names
 
     @property
     def group_size(self) -> int:
@@ -69,7 +92,60 @@ def static_scale(scale, head_dim: int) -> float:
     return value
 
 
-def check_inputs(query, key, value, *, scale, is_causal, implementation) -> AttentionSpec:
+def _is_int(x) -> bool:
+    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def static_window(local_window_size) -> tuple[int, int] | None:
+    """local_window_size as (left, right) Python ints >= 0, or None."""
+    w = local_window_size
+    if w is None:
+        return None
+    if _is_int(w):
+        w = (w, w)
+    if not isinstance(w, (tuple, list)) or len(w) != 2 or not all(_is_int(x) for x in w):
+        raise ValueError(
+            "local_window_size must be None, a Python int or a (left, right) tuple of Python ints, "
+            f"got {local_window_size!r}"
+        )
+    left, right = int(w[0]), int(w[1])
+    if left < 0 or right < 0:
+        raise ValueError(f"local_window_size must be non-negative, got {(left, right)}")
+    if left > 2**31 - 1 or right > 2**31 - 1:
+        raise ValueError(f"local_window_size is too large, got {(left, right)}")
+    return left, right
+
+
+def static_softcap(cap) -> float | None:
+    """logits_soft_cap as a positive finite Python float, or None."""
+    if cap is None:
+        return None
+    if isinstance(cap, jax.core.Tracer) or isinstance(cap, jax.Array):
+        raise ValueError("logits_soft_cap must be a static Python float, got a traced or device array")
+    if isinstance(cap, (bool, np.bool_)) or not isinstance(cap, numbers.Real):
+        raise ValueError(f"logits_soft_cap must be a static Python float, got {type(cap).__name__}")
+    value = float(cap)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"logits_soft_cap must be positive and finite, got {value}")
+    return value
+
+
+def _check_lengths(name: str, x, batch: int, unbatched: bool) -> None:
+    if x is None:
+        return
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ValueError(f"{name} must be an int32 array of shape [B], got {type(x).__name__}")
+    if jnp.dtype(x.dtype) != jnp.dtype(jnp.int32):
+        raise ValueError(f"{name} must be int32, got {jnp.dtype(x.dtype)}")
+    ok = tuple(x.shape) in (((), (1,)) if unbatched else ((batch,),))
+    if not ok:
+        want = "() or (1,) for an unbatched query" if unbatched else f"({batch},) (the batch size)"
+        raise ValueError(f"{name} must have shape {want}, got {_shape(x)}")
+
+
+def check_inputs(query, key, value, *, scale, is_causal, implementation, local_window_size=None,
+                 query_seq_lengths=None, key_value_seq_lengths=None,
+                 logits_soft_cap=None) -> AttentionSpec:
     """Validates rank, shapes, dtypes and options; returns the call's spec.
 
     query is [B, T, N, H] (or unbatched [T, N, H]), key/value [B, S, K, H].
@@ -128,7 +204,15 @@ def check_inputs(query, key, value, *, scale, is_causal, implementation) -> Atte
         raise ValueError(
             f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}"
         )
+    window = static_window(local_window_size)
+    if isinstance(query_seq_lengths, (list, tuple)) or isinstance(key_value_seq_lengths, (list, tuple)):
+        raise ValueError("query_seq_lengths / key_value_seq_lengths must be int32 arrays, not lists")
+    _check_lengths("query_seq_lengths", query_seq_lengths, B, query.ndim == 3)
+    _check_lengths("key_value_seq_lengths", key_value_seq_lengths, B, query.ndim == 3)
     return AttentionSpec(
         batch=B, seqlen_q=T, seqlen_k=S, num_heads=N, num_heads_k=K, head_dim=H,
         dtype=jnp.dtype(query.dtype), scale=static_scale(scale, H), is_causal=bool(is_causal),
+        window=window, has_q_lengths=query_seq_lengths is not None,
+        has_kv_lengths=key_value_seq_lengths is not None,
+        softcap=static_softcap(logits_soft_cap),
     )

@@ -20,6 +20,8 @@ CUDA_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 def cuda_unsupported_reason(spec: AttentionSpec) -> str | None:
     """Why the CUDA kernels cannot run `spec`, or None when they can."""
+    if spec.masked:
+        return f"the CUDA kernels do not support {', '.join(spec.mask_features())} yet"
     if not built_with_cuda():
         return "jaxattn was built without CUDA kernels (nvcc was not found at build time)"
     if spec.dtype not in CUDA_DTYPES:

@@ -11,17 +11,43 @@ import jax
 import jax.numpy as jnp
 
 
-def visible(seqlen_q: int, seqlen_k: int, is_causal: bool) -> jax.Array | None:
-    """[T, S] bool: which keys each query sees (None: all). Causal is top-left aligned."""
-    if not is_causal:
-        return None
+def visible(seqlen_q: int, seqlen_k: int, is_causal: bool, window=None, q_lengths=None,
+            kv_lengths=None) -> jax.Array | None:
+    """Which keys each query sees, or None (all).
+
+    [T, S] bool without lengths, [B, T, S] with them. Causal is top-left
+    aligned (key j <= query i); ``window=(left, right)`` keeps keys
+    ``i - left <= j <= i + right``; query rows ``i >= q_lengths[b]`` see no
+    key, keys ``j >= kv_lengths[b]`` are invisible (all as in
+    ``jax.nn.dot_product_attention``).
+    """
     rows = jnp.arange(seqlen_q)[:, None]
     cols = jnp.arange(seqlen_k)[None, :]
-    return cols <= rows
+    mask = None
+
+    def both(a, b):
+        return b if a is None else a & b
+
+    if is_causal:
+        mask = both(mask, cols <= rows)
+    if window is not None:
+        left, right = window
+        mask = both(mask, (cols >= rows - left) & (cols <= rows + right))
+    if q_lengths is not None:
+        mask = both(mask, rows[None] < jnp.asarray(q_lengths)[:, None, None])
+    if kv_lengths is not None:
+        mask = both(mask, cols[None] < jnp.asarray(kv_lengths)[:, None, None])
+    return mask
 
 
-def attention(query, key, value, *, scale: float, is_causal: bool):
-    """Returns (out [B, T, N, H] in the input dtype, lse [B, T, N] float32)."""
+def attention(query, key, value, *, scale: float, is_causal: bool, window=None, q_lengths=None,
+              kv_lengths=None, softcap=None):
+    """Returns (out [B, T, N, H] in the input dtype, lse [B, T, N] float32).
+
+    A row that sees no key gets output 0 and lse -inf, with zero (finite)
+    gradients. ``softcap``: logits become ``softcap * tanh(logits / softcap)``
+    before masking.
+    """
     B, T, N, H = query.shape
     S, K = key.shape[1], key.shape[2]
     g = N // K
@@ -31,12 +57,22 @@ def attention(query, key, value, *, scale: float, is_causal: bool):
     logits = jnp.einsum(
         "btkgh,bskh->bkgts", q, key, preferred_element_type=jnp.float32, precision=hi
     ) * jnp.float32(scale)
-    mask = visible(T, S, is_causal)
+    if softcap is not None:
+        logits = jnp.float32(softcap) * jnp.tanh(logits / jnp.float32(softcap))
+    mask = visible(T, S, is_causal, window, q_lengths, kv_lengths)
     if mask is not None:
+        if mask.ndim == 3:  # [B, T, S]
+            mask = mask[:, None, None]
         logits = jnp.where(mask, logits, -jnp.inf)
-    lse = jax.nn.logsumexp(logits, axis=-1)  # [B, K, g, T]
-    finite = jnp.isfinite(lse)
-    probs = jnp.where(finite[..., None], jnp.exp(logits - jnp.where(finite, lse, 0.0)[..., None]), 0.0)
+    # A logsumexp whose gradient stays finite (zero) on rows with no key.
+    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.exp(logits - m)
+    l = jnp.sum(e, axis=-1, keepdims=True)
+    nonempty = l > 0
+    l_safe = jnp.where(nonempty, l, 1.0)
+    probs = e / l_safe
+    lse = jnp.where(nonempty, jnp.log(l_safe) + m, -jnp.inf)[..., 0]  # [B, K, g, T]
     out = jnp.einsum(
         "bkgts,bskh->btkgh", probs.astype(value.dtype), value, preferred_element_type=jnp.float32,
         precision=hi,

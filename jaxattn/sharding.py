@@ -59,13 +59,17 @@ __all__ = ["partitioned_forward", "partitioned_backward", "typed_per_device"]
 
 # Operand layouts, after E >= 0 leading vmapped dimensions (which shard like B):
 # q-like [..., B, T, N, H], kv-like [..., B, S, K, H], lse-like [..., B, T, N].
-_Q, _KV, _LSE = "q", "kv", "lse"
+# Optional trailing operands: per-batch lengths [..., B] (int32), sharded
+# like the batch.
+_Q, _KV, _LSE, _LEN = "q", "kv", "lse", "len"
 _FWD_IN = (_Q, _KV, _KV)
 _FWD_OUT = (_Q, _LSE)
 _BWD_IN = (_Q, _KV, _KV, _Q, _LSE, _Q, _LSE)
 _BWD_OUT = (_Q, _KV, _KV)
 _FWD_NAMES = ("query", "key", "value")
 _BWD_NAMES = ("query", "key", "value", "out", "lse", "dout", "dlse")
+_LEN_IN = (_LEN, _LEN)
+_LEN_NAMES = ("query_seq_lengths", "key_value_seq_lengths")
 _CHECKED = 3  # q, k, v are validated; the other operands are resharded to match
 
 
@@ -90,7 +94,7 @@ def _rule_string(kinds_in, kinds_out, e: int, N: int, K: int) -> tuple[str, dict
         n, sizes = "g", {}
     else:
         n, sizes = "(k g)", {"g": int(N // K)}
-    dims = {_Q: f"{lead} t {n} h", _KV: f"{lead} s k h", _LSE: f"{lead} t {n}"}
+    dims = {_Q: f"{lead} t {n} h", _KV: f"{lead} s k h", _LSE: f"{lead} t {n}", _LEN: lead}
     ins = ", ".join(dims[x] for x in kinds_in)
     outs = ", ".join(dims[x] for x in kinds_out)
     return f"{ins} -> {outs}", sizes
@@ -232,7 +236,7 @@ def _entry(axes):
 def _shardings(mesh, kinds, batch, heads):
     b = [_entry(a) for a in batch]
     n = _entry(heads)
-    specs = {_Q: P(*b, None, n, None), _KV: P(*b, None, n, None), _LSE: P(*b, None, n)}
+    specs = {_Q: P(*b, None, n, None), _KV: P(*b, None, n, None), _LSE: P(*b, None, n), _LEN: P(*b)}
     return tuple(NamedSharding(mesh, specs[x]) for x in kinds)
 
 
@@ -335,7 +339,7 @@ def typed_per_device(ffi_fn):
         varying = frozenset().union(*(_vma(a) for a in args))
         if not varying:
             return outs
-        if len(args) == len(_FWD_IN):
+        if len(outs) == len(_FWD_OUT):
             return tuple(_with_vma(o, varying, varying) for o in outs)
         return tuple(_with_vma(g, varying, _vma(x)) for g, x in zip(outs, args))
 
@@ -405,15 +409,19 @@ def _partitioned(local_fn, kinds_in, kinds_out, names):
     return jax.jit(_batchable(_make(local_fn, kinds_in, kinds_out, names)), inline=True)
 
 
-def partitioned_forward(local_fn, q, k, v):
-    """``local_fn(q, k, v) -> (out, lse)`` run shard by shard (batch/heads) under jit."""
-    return tuple(_wrapped(local_fn, _FWD_IN, _FWD_OUT, _FWD_NAMES)(q, k, v))
+def partitioned_forward(local_fn, q, k, v, *lengths):
+    """``local_fn(q, k, v[, q_lengths, kv_lengths]) -> (out, lse)`` run shard by
+    shard (batch/heads) under jit; the optional lengths [B] shard like the batch."""
+    kinds, names = (_FWD_IN + _LEN_IN, _FWD_NAMES + _LEN_NAMES) if lengths else (_FWD_IN, _FWD_NAMES)
+    return tuple(_wrapped(local_fn, kinds, _FWD_OUT, names)(q, k, v, *lengths))
 
 
-def partitioned_backward(local_fn, q, k, v, out, lse, dout, dlse):
-    """``local_fn(q, k, v, out, lse, dout, dlse) -> (dq, dk, dv)`` run shard by shard."""
-    args = (q, k, v, out, lse, dout, dlse)
-    grads = tuple(_wrapped(local_fn, _BWD_IN, _BWD_OUT, _BWD_NAMES)(*args))
+def partitioned_backward(local_fn, q, k, v, out, lse, dout, dlse, *lengths):
+    """``local_fn(q, k, v, out, lse, dout, dlse[, q_lengths, kv_lengths]) -> (dq, dk, dv)``
+    run shard by shard."""
+    args = (q, k, v, out, lse, dout, dlse, *lengths)
+    kinds, names = (_BWD_IN + _LEN_IN, _BWD_NAMES + _LEN_NAMES) if lengths else (_BWD_IN, _BWD_NAMES)
+    grads = tuple(_wrapped(local_fn, kinds, _BWD_OUT, names)(*args))
     if _explicit_mesh() is not None:
         # custom_vjp wants each gradient typed (sharded) exactly like its input.
         grads = tuple(jax.sharding.reshard(g, jax.typeof(x).sharding.spec) for g, x in zip(grads, (q, k, v)))

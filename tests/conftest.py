@@ -60,16 +60,31 @@ def random_inputs(shape_q, shape_kv, dtype, *, device=None, count=3, seed=None):
     return out
 
 
-def plain_attention(q, k, v, *, scale, is_causal):
-    """Attention computed by plain JAX entirely in the input dtype (the error yardstick)."""
+def plain_attention(q, k, v, *, scale, is_causal, mask=None, softcap=None):
+    """Attention computed by plain JAX entirely in the input dtype (the error yardstick).
+
+    `mask`: optional bool [T, S] or [B, T, S] of visible keys (ANDed with
+    is_causal); rows with no visible key give 0. `softcap`: logits become
+    softcap * tanh(logits / softcap) before masking.
+    """
     g = q.shape[2] // k.shape[2]
     k = jnp.repeat(k, g, axis=2)
     v = jnp.repeat(v, g, axis=2)
     s = jnp.einsum("btnh,bsnh->bnts", q, k) * jnp.asarray(scale, q.dtype)
+    if softcap is not None:
+        c = jnp.asarray(softcap, q.dtype)
+        s = c * jnp.tanh(s / c)
     if is_causal:
         T, S = q.shape[1], k.shape[1]
         s = jnp.where(jnp.arange(S)[None, :] <= jnp.arange(T)[:, None], s, -jnp.inf)
-    p = jax.nn.softmax(s, axis=-1)
+    if mask is not None:
+        mask = jnp.asarray(mask)
+        s = jnp.where(mask[None, None] if mask.ndim == 2 else mask[:, None], s, -jnp.inf)
+        empty = jnp.all(s == -jnp.inf, axis=-1, keepdims=True)
+        s = jnp.where(empty, 0, s)  # no NaN: the row is zeroed below
+        p = jnp.where(empty, 0, jax.nn.softmax(s, axis=-1))
+    else:
+        p = jax.nn.softmax(s, axis=-1)
     return jnp.einsum("bnts,bsnh->btnh", p.astype(q.dtype), v)
 
 

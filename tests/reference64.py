@@ -5,11 +5,30 @@ from __future__ import annotations
 import numpy as np
 
 
-def _visible(T: int, S: int, is_causal: bool, rows=None) -> np.ndarray:
+def _visible(T: int, S: int, is_causal: bool, rows=None, window=None, q_lengths=None,
+             kv_lengths=None) -> np.ndarray:
+    """[T', S] bool without lengths, [B, T', S] with them (T' = len(rows) or T)."""
     rows = np.arange(T) if rows is None else np.asarray(rows)
-    if not is_causal:
-        return np.ones((len(rows), S), bool)
-    return np.arange(S)[None, :] <= rows[:, None]
+    r = rows[:, None]
+    c = np.arange(S)[None, :]
+    vis = np.ones((len(rows), S), bool)
+    if is_causal:
+        vis &= c <= r
+    if window is not None:
+        left, right = (window, window) if isinstance(window, int) else window
+        vis &= (c >= r - left) & (c <= r + right)
+    if q_lengths is not None or kv_lengths is not None:
+        vis = vis[None]
+        if q_lengths is not None:
+            vis = vis & (r[None] < np.asarray(q_lengths)[:, None, None])
+        if kv_lengths is not None:
+            vis = vis & (c[None] < np.asarray(kv_lengths)[:, None, None])
+    return vis
+
+
+def _bcast(vis: np.ndarray) -> np.ndarray:
+    """[T, S] or [B, T, S] -> broadcastable to [B, N, T, S]."""
+    return vis[None, None] if vis.ndim == 2 else vis[:, None]
 
 
 def _expand(x: np.ndarray, group: int) -> np.ndarray:
@@ -17,28 +36,38 @@ def _expand(x: np.ndarray, group: int) -> np.ndarray:
     return np.repeat(x, group, axis=2)
 
 
-def forward(q, k, v, *, scale: float, is_causal: bool, rows=None):
-    """(out [B, T', N, H], lse [B, T', N]) in float64; `rows` picks query rows."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    if rows is not None:
-        q = q[:, rows]
-    g = q.shape[2] // k.shape[2]
-    k, v = _expand(k, g), _expand(v, g)
-    T = q.shape[1] if rows is None else None
-    s = np.einsum("btnh,bsnh->bnts", q, k) * scale
-    vis = _visible(T if rows is None else 0, k.shape[1], is_causal, rows)
-    s = np.where(vis[None, None], s, -np.inf)
+def _probs(s):
+    """Softmax over the last axis that gives 0 on rows with no finite logit."""
     m = s.max(-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
     l = e.sum(-1, keepdims=True)
     p = np.where(l > 0, e / np.where(l > 0, l, 1.0), 0.0)
+    return p, m, l
+
+
+def forward(q, k, v, *, scale: float, is_causal: bool, rows=None, window=None, q_lengths=None,
+            kv_lengths=None, softcap=None):
+    """(out [B, T', N, H], lse [B, T', N]) in float64; `rows` picks query rows."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    T = q.shape[1]
+    if rows is not None:
+        q = q[:, rows]
+    g = q.shape[2] // k.shape[2]
+    k, v = _expand(k, g), _expand(v, g)
+    s = np.einsum("btnh,bsnh->bnts", q, k) * scale
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    vis = _visible(T, k.shape[1], is_causal, rows, window, q_lengths, kv_lengths)
+    s = np.where(_bcast(vis), s, -np.inf)
+    p, m, l = _probs(s)
     out = np.einsum("bnts,bsnh->btnh", p, v)
     lse = np.where(l[..., 0] > 0, np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)) + m[..., 0], -np.inf)
     return out, lse.transpose(0, 2, 1)
 
 
-def backward(q, k, v, dout, *, scale: float, is_causal: bool, dlse=None):
+def backward(q, k, v, dout, *, scale: float, is_causal: bool, dlse=None, window=None, q_lengths=None,
+             kv_lengths=None, softcap=None):
     """(dq, dk, dv) in float64 of sum(out * dout) + sum(lse * dlse)."""
     q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
     B, T, N, H = q.shape
@@ -46,16 +75,19 @@ def backward(q, k, v, dout, *, scale: float, is_causal: bool, dlse=None):
     g = N // K
     ke, ve = _expand(k, g), _expand(v, g)
     s = np.einsum("btnh,bsnh->bnts", q, ke) * scale
-    vis = _visible(T, S, is_causal)
-    s = np.where(vis[None, None], s, -np.inf)
-    m = s.max(-1, keepdims=True)
-    p = np.exp(s - m)
-    p /= p.sum(-1, keepdims=True)
+    if softcap is not None:
+        t = np.tanh(s / softcap)
+        s = softcap * t
+    vis = _visible(T, S, is_causal, None, window, q_lengths, kv_lengths)
+    s = np.where(_bcast(vis), s, -np.inf)
+    p, _, _ = _probs(s)
     dv = np.einsum("bnts,btnh->bsnh", p, dout)
     dp = np.einsum("btnh,bsnh->bnts", dout, ve)
     ds = p * (dp - (dp * p).sum(-1, keepdims=True))
     if dlse is not None:
         ds += p * np.asarray(dlse, np.float64).transpose(0, 2, 1)[..., None]
+    if softcap is not None:
+        ds = ds * (1 - t * t)
     dq = np.einsum("bnts,bsnh->btnh", ds, ke) * scale
     dk = np.einsum("bnts,btnh->bsnh", ds, q) * scale
     dk = dk.reshape(B, S, K, g, H).sum(3)

@@ -16,7 +16,14 @@ def _call(target, out_types, *args, **attrs):
 
 
 def _attrs():
-    return {"scale": np.float32(0.25), "is_causal": False}
+    return {"scale": np.float32(0.25), "is_causal": False, "window_left": np.int32(-1),
+            "window_right": np.int32(-1), "softcap": np.float32(0.0)}
+
+
+def _lengths(q, k):
+    """The CPU targets' q_lengths, kv_lengths inputs (full lengths)."""
+    B = q.shape[0]
+    return jnp.full((B,), q.shape[1], jnp.int32), jnp.full((B,), k.shape[1], jnp.int32)
 
 
 def test_cpu_handler_rejects_mismatched_heads():
@@ -24,18 +31,32 @@ def test_cpu_handler_rejects_mismatched_heads():
     k = jnp.ones((1, 4, 2, 8), jnp.float32)
     outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32))
     with pytest.raises(Exception, match=r"query heads must be a multiple of key heads"):
-        jax.block_until_ready(jax.jit(lambda q, k: _call("jaxattn_cpu_fwd", outs, q, k, k, **_attrs()))(q, k))
+        jax.block_until_ready(jax.jit(lambda q, k: _call("jaxattn_cpu_fwd", outs, q, k, k, *_lengths(q, k), **_attrs()))(q, k))
 
 
 def test_cpu_handler_rejects_wrong_lse_shape():
     q = jnp.ones((1, 4, 2, 8), jnp.float32)
     outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((1, 4, 3), jnp.float32))
     with pytest.raises(Exception, match=r"lse must have shape"):
-        jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, **_attrs()))(q))
+        jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, *_lengths(q, q), **_attrs()))(q))
 
 
 def test_cpu_handler_rejects_integer_inputs():
     q = jnp.ones((1, 4, 2, 8), jnp.int32)
     outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32))
     with pytest.raises(Exception, match=r"dtype must be float32, bfloat16 or float16"):
-        jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, **_attrs()))(q))
+        jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, *_lengths(q, q), **_attrs()))(q))
+
+
+def test_cpu_handler_rejects_bad_mask_inputs():
+    q = jnp.ones((2, 4, 2, 8), jnp.float32)
+    outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32))
+    short = jnp.full((1,), 4, jnp.int32)
+    with pytest.raises(Exception, match=r"lengths must hold one int32 per batch entry"):
+        jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, short, short, **_attrs()))(q))
+    bad = dict(_attrs(), window_left=np.int32(-2))
+    with pytest.raises(Exception, match=r"window sizes must be >= 0"):
+        jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, *_lengths(q, q), **bad))(q))
+    bad = dict(_attrs(), softcap=np.float32(-1.0))
+    with pytest.raises(Exception, match=r"soft cap must be finite and >= 0"):
+        jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, *_lengths(q, q), **bad))(q))

@@ -17,6 +17,8 @@
 //    the keys (it also writes D_i = dout_i . o_i); pass 2, one task per
 //    (batch, kv head, key block), recomputes P and dP for every query of the
 //    group's heads and accumulates dk, dv.
+//  * Logit soft cap (p.softcap > 0): logits become cap * tanh(logit / cap)
+//    before masking; the backward multiplies dS by 1 - tanh^2.
 //  * Visibility of key j to query i is Mask::visible; Mask::classify and
 //    the range helpers only let whole blocks be skipped or run unmasked.
 //  * The workers are compiled three times (AVX-512, AVX2+FMA, SSE2) with
@@ -52,32 +54,72 @@ enum class BlockKind { kNone, kFull, kPartial };
 struct Mask {
   int T = 0, S = 0;
   bool causal = false;
+  int wl = -1, wr = -1;  // local window (-1: unlimited)
+  int ql = 0, kl = 0;    // valid query rows / keys of the current batch entry
+  const int32_t* q_lengths = nullptr;
+  const int32_t* kv_lengths = nullptr;
 
-  explicit Mask(const AttnParams& p) : T(p.seqlen_q), S(p.seqlen_k), causal(p.is_causal) {}
+  explicit Mask(const AttnParams& p)
+      : T(p.seqlen_q), S(p.seqlen_k), causal(p.is_causal), wl(p.window_left), wr(p.window_right),
+        ql(p.seqlen_q), kl(p.seqlen_k), q_lengths(p.q_lengths), kv_lengths(p.kv_lengths) {}
+
+  // Selects batch entry b (its lengths); call before the other methods.
+  void set_batch(int b) {
+    ql = q_lengths ? std::clamp<int>(q_lengths[b], 0, T) : T;
+    kl = kv_lengths ? std::clamp<int>(kv_lengths[b], 0, S) : S;
+  }
 
   // The one visibility predicate: does query i see key j?
-  bool visible(int i, int j) const { return !causal || j <= i; }
+  bool visible(int i, int j) const {
+    return i < ql && j < kl && (!causal || j <= i) && (wl < 0 || j >= i - wl) &&
+           (wr < 0 || j <= i + wr);
+  }
 
   // Rows [i0, i1) x keys [j0, j1), both non-empty: kNone if no pair is
   // visible, kFull if all are, else kPartial (then visible() is asked per
   // pair). Must agree with visible(); erring towards kPartial is safe.
+  // Each constraint alone is a half-plane (or a bound on i or j): no pair
+  // passes all of them if one excludes the whole block; all pairs pass when
+  // every one includes the whole block.
   BlockKind classify(int i0, int i1, int j0, int j1) const {
-    if (!causal) return BlockKind::kFull;
-    if (j0 > i1 - 1) return BlockKind::kNone;
-    if (j1 - 1 <= i0) return BlockKind::kFull;
-    return BlockKind::kPartial;
+    if (i0 >= ql || j0 >= kl) return BlockKind::kNone;
+    bool full = i1 <= ql && j1 <= kl;
+    if (causal) {
+      if (j0 > i1 - 1) return BlockKind::kNone;
+      full = full && j1 - 1 <= i0;
+    }
+    if (wl >= 0) {  // j >= i - wl
+      if (j1 - 1 < i0 - wl) return BlockKind::kNone;
+      full = full && j0 >= i1 - 1 - wl;
+    }
+    if (wr >= 0) {  // j <= i + wr
+      if (j0 > i1 - 1 + wr) return BlockKind::kNone;
+      full = full && j1 - 1 <= i0 + wr;
+    }
+    return full ? BlockKind::kFull : BlockKind::kPartial;
   }
 
-  // Keys that queries [i0, i1) may see lie in [lo, hi).
-  void key_range(int /*i0*/, int i1, int* lo, int* hi) const {
+  // Keys that queries [i0, i1) may see lie in [lo, hi) (hi <= lo: none).
+  void key_range(int i0, int i1, int* lo, int* hi) const {
     *lo = 0;
-    *hi = causal ? std::min(S, i1) : S;
+    *hi = kl;
+    if (i0 >= ql) { *hi = 0; return; }
+    if (causal) *hi = std::min(*hi, i1);
+    if (wr >= 0) *hi = std::min<int64_t>(*hi, int64_t(i1) + wr);
+    if (wl >= 0) *lo = std::max(0, i0 - wl);
+    *lo = std::min(*lo, *hi);
   }
 
-  // Queries that may see keys [j0, j1) lie in [lo, hi).
-  void query_range(int j0, int /*j1*/, int* lo, int* hi) const {
-    *lo = causal ? std::min(T, j0) : 0;
-    *hi = T;
+  // Queries that may see keys [j0, j1) lie in [lo, hi) (hi <= lo: none).
+  void query_range(int j0, int j1, int* lo, int* hi) const {
+    *lo = 0;
+    *hi = ql;
+    if (j0 >= kl) { *hi = 0; return; }
+    if (causal) *lo = std::max(*lo, j0);
+    if (wr >= 0) *lo = std::max(*lo, j0 - wr);
+    if (wl >= 0) *hi = std::min<int64_t>(*hi, int64_t(j1) + wl);
+    *lo = std::min(*lo, T);
+    *hi = std::max(*hi, *lo);
   }
 };
 
@@ -91,6 +133,26 @@ JAXATTN_AI void mask_row(const Mask& mask, BlockKind kind, int i, int j0, int nk
     }
   }
   for (int j = nk; j < bk; ++j) s[j] = -kInf;
+}
+
+// Logit soft cap of row logits in log2 units (keys [0, nk)): the natural
+// logit x becomes cap * tanh(x / cap). t, when given, receives tanh (0 on the
+// padding columns [nk, bk)) for the backward's factor 1 - tanh^2.
+JAXATTN_AI void softcap_row(float cap, int nk, int bk, float* s, float* t) {
+  const float in = kLn2 / cap, out = cap * kLog2e;
+  for (int j = 0; j < nk; ++j) {
+    const float th = std::tanh(s[j] * in);
+    s[j] = th * out;
+    if (t) t[j] = th;
+  }
+  if (t) {
+    for (int j = nk; j < bk; ++j) t[j] = 0.f;
+  }
+}
+
+// dS of the raw logits from dS of the capped ones: times 1 - tanh^2.
+JAXATTN_AI void softcap_grad_row(int bk, const float* t, float* ds) {
+  for (int j = 0; j < bk; ++j) ds[j] *= 1.f - t[j] * t[j];
 }
 
 // ---- per-ISA configuration ----------------------------------------------------
@@ -153,7 +215,7 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
   const int H = p.head_dim, Hp = round_up(H, W);
   const int bk = key_tile(S, W);
   const int nqb = ceil_div(T, kBQ), nkb = ceil_div(S, bk);
-  const Mask mask(p);
+  Mask mask(p);
   const float qmul = p.scale * kLog2e;
 
   Buf kt(size_t(nkb) * H * bk), vr(size_t(nkb) * bk * Hp), qs(size_t(kBQ) * Hp),
@@ -164,6 +226,7 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
     int qb = int(t % nqb);
     const int n = int((t / nqb) % N), b = int(t / nqb / N);
     if (p.is_causal) qb = nqb - 1 - qb;  // heaviest first
+    mask.set_batch(b);
     const int kh = n / G;
     if (b != cached_b || kh != cached_kh) {
       const int64_t kbase = b * p.k_batch_stride + kh * p.k_head_stride;
@@ -201,6 +264,7 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
       // online softmax
       for (int r = 0; r < nq; ++r) {
         float* s = st.data() + r * bk;
+        if (p.softcap > 0.f) softcap_row(p.softcap, nk, bk, s, nullptr);
         if (kind == BlockKind::kPartial || nk < bk) mask_row(mask, kind, i0 + r, j0, nk, bk, s);
         F mv = vset1<F>(-kInf);
         for (int j = 0; j < bk; j += W) mv = vmax(mv, vload<F>(s + j));
@@ -279,17 +343,19 @@ JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, TaskCounter& tc)
   const int H = p.head_dim, Hp = round_up(H, W);
   const int bk = key_tile(S, W);
   const int nqb = ceil_div(T, kBQ), nkb = ceil_div(S, bk);
-  const Mask mask(p);
+  Mask mask(p);
 
   Buf kt(size_t(nkb) * H * bk), vt(size_t(nkb) * H * bk), kr(size_t(nkb) * bk * Hp),
       qs(size_t(kBQ) * Hp), dos(size_t(kBQ) * Hp), st(size_t(kBQ) * bk), dp(size_t(kBQ) * bk),
-      dqacc(size_t(kBQ) * Hp), row(Hp), lse2(kBQ), drow(kBQ);
+      dqacc(size_t(kBQ) * Hp), row(Hp), lse2(kBQ), drow(kBQ),
+      tb(p.softcap > 0.f ? size_t(kBQ) * bk : 0);
   int cached_b = -1, cached_kh = -1;
 
   for (int64_t t; (t = tc.next()) >= 0;) {
     int qb = int(t % nqb);
     const int n = int((t / nqb) % N), b = int(t / nqb / N);
     if (p.is_causal) qb = nqb - 1 - qb;
+    mask.set_batch(b);
     const int kh = n / G;
     if (b != cached_b || kh != cached_kh) {
       const int64_t kbase = b * p.k_batch_stride + kh * p.k_head_stride;
@@ -334,8 +400,10 @@ JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, TaskCounter& tc)
       gemm<F, R, CV, Acc::kSet>(nq, bk, H, qs.data(), Hp, 1, ktp, bk, st.data(), bk);
       gemm<F, R, CV, Acc::kSet>(nq, bk, H, dos.data(), Hp, 1, vtp, bk, dp.data(), bk);
       for (int r = 0; r < nq; ++r) {
+        if (p.softcap > 0.f) softcap_row(p.softcap, nk, bk, st.data() + r * bk, tb.data() + r * bk);
         p_row<F, I>(mask, kind, i0 + r, j0, nk, bk, lse2[r], st.data() + r * bk);
         ds_row<F>(bk, st.data() + r * bk, drow[r], dp.data() + r * bk);
+        if (p.softcap > 0.f) softcap_grad_row(bk, tb.data() + r * bk, dp.data() + r * bk);
       }
       gemm<F, R, CV, Acc::kAdd>(nq, Hp, nk, dp.data(), bk, 1, kr.data() + size_t(j0) * Hp, Hp,
                                 dqacc.data(), Hp);
@@ -359,16 +427,17 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
   const int H = p.head_dim, Hp = round_up(H, W);
   const int bk = kBK2;
   const int nkb = ceil_div(S, bk);
-  const Mask mask(p);
+  Mask mask(p);
 
   Buf kt(size_t(H) * bk), vt(size_t(H) * bk), qs(size_t(kBQ) * Hp), dos(size_t(kBQ) * Hp),
       st(size_t(kBQ) * bk), dp(size_t(kBQ) * bk), dkacc(size_t(bk) * Hp),
-      dvacc(size_t(bk) * Hp), row(Hp), lse2(kBQ);
+      dvacc(size_t(bk) * Hp), row(Hp), lse2(kBQ), tb(p.softcap > 0.f ? size_t(kBQ) * bk : 0);
 
   for (int64_t t; (t = tc.next()) >= 0;) {
     int kb = int(t % nkb);
     const int kh = int((t / nkb) % K), b = int(t / nkb / K);
     if (p.is_causal) kb = nkb - 1 - kb;  // reversed: heaviest (first keys) last
+    mask.set_batch(b);
     const int j0 = kb * bk, nk = std::min(bk, S - j0);
     const int64_t kbase = b * p.k_batch_stride + kh * p.k_head_stride;
     const int64_t vbase = b * p.v_batch_stride + kh * p.v_head_stride;
@@ -394,13 +463,17 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
         const float* drow = dsum + (int64_t(b) * N + n) * T + i0;
         gemm<F, R, CV, Acc::kSet>(nq, bk, H, qs.data(), Hp, 1, kt.data(), bk, st.data(), bk);
         for (int r = 0; r < nq; ++r) {
+          if (p.softcap > 0.f) softcap_row(p.softcap, nk, bk, st.data() + r * bk, tb.data() + r * bk);
           p_row<F, I>(mask, kind, i0 + r, j0, nk, bk, lse2[r], st.data() + r * bk);
         }
         // dV += P^T dout
         gemm<F, R, CV, Acc::kAdd>(nk, Hp, nq, st.data(), 1, bk, dos.data(), Hp, dvacc.data(),
                                   Hp);
         gemm<F, R, CV, Acc::kSet>(nq, bk, H, dos.data(), Hp, 1, vt.data(), bk, dp.data(), bk);
-        for (int r = 0; r < nq; ++r) ds_row<F>(bk, st.data() + r * bk, drow[r], dp.data() + r * bk);
+        for (int r = 0; r < nq; ++r) {
+          ds_row<F>(bk, st.data() + r * bk, drow[r], dp.data() + r * bk);
+          if (p.softcap > 0.f) softcap_grad_row(bk, tb.data() + r * bk, dp.data() + r * bk);
+        }
         // dK += dS^T Q (Q in log2 units: rescaled at the end)
         gemm<F, R, CV, Acc::kAdd>(nk, Hp, nq, dp.data(), 1, bk, qs.data(), Hp, dkacc.data(), Hp);
       }

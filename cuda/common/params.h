@@ -25,6 +25,18 @@ struct AttnParams {
   // ---- options ----------------------------------------------------------
   float scale = 1.f;       // logits = scale * q.k
   bool is_causal = false;  // top-left aligned: query i attends keys j <= i
+  // Local window (as jax.nn.dot_product_attention's local_window_size):
+  // query i sees keys i - window_left <= j <= i + window_right; -1 = unlimited.
+  int window_left = -1;
+  int window_right = -1;
+  // Per-batch valid lengths, int32 [batch] (null = full T / S). Query rows
+  // i >= q_lengths[b] see no key (output 0, lse -inf); keys j >=
+  // kv_lengths[b] are invisible. Values are clamped to [0, T] / [0, S].
+  const int32_t* q_lengths = nullptr;
+  const int32_t* kv_lengths = nullptr;
+  // Logit soft cap: logits become softcap * tanh(logits / softcap) before
+  // masking; 0 = off. Only the CPU kernel takes it (CUDA handlers leave 0).
+  float softcap = 0.f;
 
   // ---- forward tensors --------------------------------------------------
   // q, o, dout, dq: [B, T, N, H]; k, v, dk, dv: [B, S, K, H]; head dim

@@ -1,0 +1,422 @@
+"""Mask options: local_window_size, query_seq_lengths, key_value_seq_lengths,
+and logits_soft_cap.
+
+The CPU kernel and the pure-JAX reference against the float64 reference
+(tests/reference64.py), forward and gradients, each feature alone and in
+pairs; rows with nothing to attend; bad input; the CUDA dispatch rule.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn
+import reference64
+from conftest import assert_close, plain_attention, random_inputs
+
+IMPLS = ["cpu", "reference"]
+
+
+def _lengths(values):
+    return None if values is None else jnp.asarray(values, jnp.int32)
+
+
+def _kwargs(window, ql, kl):
+    return dict(local_window_size=window, query_seq_lengths=_lengths(ql), key_value_seq_lengths=_lengths(kl))
+
+
+def _mask64(T, S, is_causal, window, ql, kl):
+    return reference64._visible(T, S, is_causal, None, window, ql, kl)
+
+
+def check_forward(impl, B, T, S, N, K, H, dtype, *, is_causal=False, window=None, ql=None, kl=None,
+                  softcap=None):
+    q, k, v = random_inputs((B, T, N, H), (B, S, K, H), dtype)
+    scale = 1.0 / np.sqrt(H)
+    out, lse = jax.jit(lambda q, k, v, ql_, kl_: jaxattn.flash_attention(
+        q, k, v, is_causal=is_causal, return_residual=True, implementation=impl,
+        local_window_size=window, query_seq_lengths=ql_, key_value_seq_lengths=kl_,
+        logits_soft_cap=softcap))(
+            q, k, v, _lengths(ql), _lengths(kl))
+    ref_out, ref_lse = reference64.forward(q, k, v, scale=scale, is_causal=is_causal, window=window,
+                                           q_lengths=ql, kv_lengths=kl, softcap=softcap)
+    plain = plain_attention(q, k, v, scale=scale, is_causal=False,
+                            mask=_mask64(T, S, is_causal, window, ql, kl), softcap=softcap)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert_close("out", out, plain, ref_out, dtype)
+    lse = np.asarray(lse)
+    empty = np.isneginf(ref_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), empty)
+    np.testing.assert_array_equal(np.asarray(out, np.float32)[empty], 0.0)
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(lse[~empty], ref_lse[~empty], atol=tol, rtol=tol)
+
+
+def check_backward(impl, B, T, S, N, K, H, dtype, *, is_causal=False, window=None, ql=None, kl=None,
+                   with_lse=False, softcap=None):
+    q, k, v, dout = random_inputs((B, T, N, H), (B, S, K, H), dtype, count=4)
+    scale = 1.0 / np.sqrt(H)
+    dlse = jnp.asarray(np.random.default_rng(T + 7 * S).standard_normal((B, T, N)), jnp.float32)
+    kw = dict(_kwargs(window, ql, kl), logits_soft_cap=softcap)
+
+    def loss(q, k, v):
+        out, lse = jaxattn.flash_attention(q, k, v, is_causal=is_causal, return_residual=True,
+                                           implementation=impl, **kw)
+        total = jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+        # lse is -inf on empty rows: its cotangent there must not matter.
+        return total + (jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * dlse) if with_lse else 0.0)
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    refs = reference64.backward(q, k, v, dout, scale=scale, is_causal=is_causal, window=window,
+                                q_lengths=ql, kv_lengths=kl, dlse=np.asarray(dlse) if with_lse else None,
+                                softcap=softcap)
+    mask = _mask64(T, S, is_causal, window, ql, kl)
+    if with_lse:
+        plain_grads = tuple(jnp.asarray(r, dtype) for r in refs)
+    else:
+        plain_grads = jax.grad(
+            lambda q, k, v: jnp.sum(plain_attention(q, k, v, scale=scale, is_causal=False, mask=mask,
+                                                    softcap=softcap) * dout),
+            argnums=(0, 1, 2))(q, k, v)
+    for name, g, x, pg, r in zip(("dq", "dk", "dv"), grads, (q, k, v), plain_grads, refs):
+        assert g.shape == x.shape and g.dtype == x.dtype, name
+        assert_close(name, g, jnp.asarray(pg), r, dtype)
+
+
+# (is_causal, window, q lengths, kv lengths) for B = 2; T = 150, S = 300 span
+# several query and key blocks of the CPU kernel, so block skipping is exercised.
+CASES = {
+    "window_int": (False, 40, None, None),
+    "window_asym": (False, (100, 3), None, None),
+    "window_right_only": (False, (0, 70), None, None),
+    "window_zero": (False, (0, 0), None, None),
+    "q_lengths": (False, None, [150, 37], None),
+    "kv_lengths": (False, None, None, [300, 101]),
+    "lengths": (False, None, [90, 150], [257, 64]),
+    "window_causal": (True, (65, 10), None, None),
+    "window_causal_int": (True, 129, None, None),
+    "lengths_causal": (True, None, [120, 66], [100, 300]),
+    "window_lengths": (False, (30, 30), [140, 70], [200, 75]),
+    "all": (True, (50, 5), [150, 80], [130, 250]),
+}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("T,S", [(150, 300), (300, 150)])
+def test_forward(impl, case, T, S):
+    is_causal, window, ql, kl = CASES[case]
+    ql = None if ql is None else [min(x, T) for x in ql]
+    kl = None if kl is None else [min(x, S) for x in kl]
+    check_forward(impl, 2, T, S, 4, 2, 32, jnp.float32, is_causal=is_causal, window=window, ql=ql, kl=kl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_backward(impl, case):
+    is_causal, window, ql, kl = CASES[case]
+    check_backward(impl, 2, 150, 300, 4, 2, 32, jnp.float32, is_causal=is_causal, window=window, ql=ql, kl=kl)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("case", ["window_causal", "lengths", "all"])
+def test_half_dtypes(case, dtype):
+    is_causal, window, ql, kl = CASES[case]
+    check_forward("cpu", 2, 150, 300, 4, 1, 64, dtype, is_causal=is_causal, window=window, ql=ql, kl=kl)
+    check_backward("cpu", 2, 150, 300, 4, 1, 64, dtype, is_causal=is_causal, window=window, ql=ql, kl=kl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gradient_through_lse(impl):
+    check_backward(impl, 2, 70, 90, 4, 2, 16, jnp.float32, is_causal=True, window=(20, 3),
+                   ql=[70, 41], kl=[33, 90], with_lse=True)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kw", [
+    dict(key_value_seq_lengths=[0, 0]),
+    dict(query_seq_lengths=[0, 3]),
+    dict(key_value_seq_lengths=[0, 5], query_seq_lengths=[9, 0]),
+    # T > S: causal rows past the last key see none with a zero window.
+    dict(local_window_size=(0, 0), T=40, S=20),
+    dict(local_window_size=(0, 0), is_causal=True, T=40, S=20),
+])
+def test_rows_with_nothing_to_attend(impl, kw):
+    kw = dict(kw)
+    T, S = kw.pop("T", 9), kw.pop("S", 12)
+    is_causal = kw.pop("is_causal", False)
+    kw = {n: (jnp.asarray(x, jnp.int32) if isinstance(x, list) else x) for n, x in kw.items()}
+    q, k, v, dout = random_inputs((2, T, 2, 8), (2, S, 1, 8), jnp.float32, count=4)
+
+    def f(q, k, v):
+        return jaxattn.flash_attention(q, k, v, is_causal=is_causal, return_residual=True,
+                                       implementation=impl, **kw)
+
+    out, lse = jax.jit(f)(q, k, v)
+    ql = kw.get("query_seq_lengths")
+    kl = kw.get("key_value_seq_lengths")
+    ref_out, ref_lse = reference64.forward(q, k, v, scale=1 / np.sqrt(8), is_causal=is_causal,
+                                           window=kw.get("local_window_size"), q_lengths=ql, kv_lengths=kl)
+    empty = np.isneginf(ref_lse)
+    assert empty.any()
+    np.testing.assert_array_equal(np.isneginf(np.asarray(lse)), empty)
+    assert not np.isnan(np.asarray(lse)).any()
+    np.testing.assert_allclose(np.asarray(out), ref_out, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out)[empty], 0.0)
+
+    def loss(q, k, v):
+        out, lse = f(q, k, v)
+        # A cotangent on the -inf lse entries too: it must not leak NaN.
+        return jnp.sum(out * dout) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    refs = reference64.backward(q, k, v, dout, scale=1 / np.sqrt(8), is_causal=is_causal,
+                                window=kw.get("local_window_size"), q_lengths=ql, kv_lengths=kl,
+                                dlse=np.ones((2, T, 2)))
+    for g, r in zip(grads, refs):
+        assert np.all(np.isfinite(np.asarray(g)))
+        np.testing.assert_allclose(np.asarray(g), r, atol=1e-5)
+    # Empty query rows get no gradient.
+    dq = np.asarray(grads[0])
+    np.testing.assert_array_equal(dq[empty], 0.0)
+
+
+def test_window_int_is_symmetric_and_matches_jax_nn():
+    q, k, v = random_inputs((2, 40, 2, 16), (2, 40, 2, 16), jnp.float32)
+    ql, kl = jnp.asarray([40, 25], jnp.int32), jnp.asarray([33, 40], jnp.int32)
+    for kw in (dict(local_window_size=5), dict(local_window_size=(7, 2), is_causal=True),
+               dict(query_seq_lengths=ql, key_value_seq_lengths=kl, is_causal=True),
+               dict(local_window_size=(3, 9), query_seq_lengths=ql, key_value_seq_lengths=kl)):
+        ours = jaxattn.flash_attention(q, k, v, implementation="cpu", **kw)
+        theirs = jax.nn.dot_product_attention(q, k, v, implementation="xla", **kw)
+        # Rows that see no key but are not padding: jax.nn averages the values
+        # there (its mask is a large finite negative logit), we give 0.
+        _, lse = reference64.forward(q, k, v, scale=0.25, is_causal=kw.get("is_causal", False),
+                                     window=kw.get("local_window_size"), q_lengths=kw.get("query_seq_lengths"),
+                                     kv_lengths=kw.get("key_value_seq_lengths"))
+        padded = np.zeros(lse.shape, bool)
+        if "query_seq_lengths" in kw:
+            padded = np.arange(40)[None, :, None] >= np.asarray(ql)[:, None, None]
+        keep = ~np.isneginf(lse) | padded
+        np.testing.assert_allclose(np.asarray(ours)[keep], np.asarray(theirs)[keep], atol=1e-5, rtol=1e-5)
+    a = jaxattn.flash_attention(q, k, v, local_window_size=5, implementation="cpu")
+    b = jaxattn.flash_attention(q, k, v, local_window_size=(5, 5), implementation="cpu")
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_traced_lengths_and_vmap(impl):
+    """Lengths are traced values under jit; under vmap they batch with the inputs."""
+    q, k, v = random_inputs((3, 2, 33, 4, 16), (3, 2, 47, 2, 16), jnp.float32)
+    ql = jnp.asarray([[33, 10], [5, 33], [0, 20]], jnp.int32)
+    kl = jnp.asarray([[47, 1], [20, 47], [30, 0]], jnp.int32)
+
+    def f(q, k, v, ql, kl):
+        return jaxattn.flash_attention(q, k, v, is_causal=True, local_window_size=(9, 2), implementation=impl,
+                                       query_seq_lengths=ql, key_value_seq_lengths=kl)
+
+    out = jax.jit(jax.vmap(f))(q, k, v, ql, kl)
+    for i in range(3):
+        ref, _ = reference64.forward(q[i], k[i], v[i], scale=0.25, is_causal=True, window=(9, 2),
+                                     q_lengths=np.asarray(ql[i]), kv_lengths=np.asarray(kl[i]))
+        np.testing.assert_allclose(np.asarray(out[i]), ref, atol=1e-5)
+    # Lengths shared across the vmapped axis (not batched).
+    out2 = jax.vmap(f, in_axes=(0, 0, 0, None, None))(q, k, v, ql[1], kl[1])
+    for i in range(3):
+        ref, _ = reference64.forward(q[i], k[i], v[i], scale=0.25, is_causal=True, window=(9, 2),
+                                     q_lengths=np.asarray(ql[1]), kv_lengths=np.asarray(kl[1]))
+        np.testing.assert_allclose(np.asarray(out2[i]), ref, atol=1e-5)
+    # Gradients through vmap against the reference implementation.
+    loss = lambda fn: lambda q, k, v: jnp.sum(jax.vmap(fn)(q, k, v, ql, kl) ** 2)
+    ref_fn = lambda q, k, v, ql, kl: jaxattn.flash_attention(
+        q, k, v, is_causal=True, local_window_size=(9, 2), implementation="reference",
+        query_seq_lengths=ql, key_value_seq_lengths=kl)
+    g = jax.grad(loss(f), argnums=(0, 1, 2))(q, k, v)
+    gr = jax.grad(loss(ref_fn), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(g, gr):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5)
+
+
+def test_unbatched_with_lengths():
+    q, k, v = random_inputs((20, 2, 8), (30, 2, 8), jnp.float32)
+    for ql, kl in ((jnp.int32(12), jnp.int32(7)), (jnp.asarray([12], jnp.int32), jnp.asarray([7], jnp.int32))):
+        out = jaxattn.flash_attention(q, k, v, query_seq_lengths=ql, key_value_seq_lengths=kl, implementation="cpu")
+        ref, _ = reference64.forward(q[None], k[None], v[None], scale=1 / np.sqrt(8), is_causal=False,
+                                     q_lengths=[12], kv_lengths=[7])
+        assert out.shape == q.shape
+        np.testing.assert_allclose(np.asarray(out), ref[0], atol=1e-5)
+
+
+def test_default_implementation_runs_cpu_kernel_with_masks():
+    q, k, v = random_inputs((2, 20, 2, 8), (2, 30, 2, 8), jnp.float32)
+    kw = dict(local_window_size=(4, 1), key_value_seq_lengths=jnp.asarray([30, 11], jnp.int32))
+    assert jaxattn.kernel_for(q, k, v, platform="cpu", **kw) == "cpu:flash"
+    a = jaxattn.flash_attention(q, k, v, **kw)
+    b = jaxattn.flash_attention(q, k, v, implementation="reference", **kw)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+# ---- logits soft cap ----------------------------------------------------------
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", [None, "window_causal", "all"])
+@pytest.mark.parametrize("softcap", [0.5, 3.0])
+def test_softcap(impl, case, softcap):
+    # scale 1/sqrt(H) with H = 32 and N(0, 1) inputs: logits of a few units,
+    # so a cap of 0.5 or 3 bends them substantially.
+    is_causal, window, ql, kl = CASES[case] if case else (False, None, None, None)
+    kw = dict(is_causal=is_causal, window=window, ql=ql, kl=kl, softcap=softcap)
+    check_forward(impl, 2, 150, 300, 4, 2, 32, jnp.float32, **kw)
+    check_backward(impl, 2, 150, 300, 4, 2, 32, jnp.float32, **kw)
+
+
+def test_softcap_half_and_lse_grad():
+    check_forward("cpu", 2, 70, 90, 4, 2, 64, jnp.bfloat16, is_causal=True, softcap=2.0)
+    check_backward("cpu", 2, 70, 90, 4, 2, 64, jnp.float16, is_causal=True, softcap=2.0)
+    check_backward("cpu", 2, 70, 90, 4, 2, 16, jnp.float32, window=(9, 9), kl=[90, 40], softcap=1.5,
+                   with_lse=True)
+
+
+def test_softcap_large_is_identity():
+    q, k, v = random_inputs((2, 30, 2, 16), (2, 30, 2, 16), jnp.float32)
+    a = jaxattn.flash_attention(q, k, v, logits_soft_cap=1e6, implementation="cpu")
+    b = jaxattn.flash_attention(q, k, v, implementation="cpu")
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+@pytest.mark.parametrize("cap,match", [
+    (0.0, r"logits_soft_cap must be positive and finite"),
+    (-1.0, r"logits_soft_cap must be positive and finite"),
+    (float("inf"), r"logits_soft_cap must be positive and finite"),
+    ("2", r"logits_soft_cap must be a static Python float, got str"),
+    (True, r"logits_soft_cap must be a static Python float, got bool"),
+    (jnp.float32(2.0), r"logits_soft_cap must be a static Python float, got a traced or device array"),
+])
+def test_bad_softcap(cap, match):
+    with pytest.raises(ValueError, match=match):
+        jaxattn.flash_attention(*_arrays(), logits_soft_cap=cap)
+
+
+# ---- bad input ---------------------------------------------------------------
+
+def _arrays(B=2, T=8, S=12):
+    return (jnp.ones((B, T, 2, 16)), jnp.ones((B, S, 2, 16)), jnp.ones((B, S, 2, 16)))
+
+
+@pytest.mark.parametrize("window,match", [
+    (-1, r"local_window_size must be non-negative"),
+    ((3, -2), r"local_window_size must be non-negative"),
+    (2.5, r"local_window_size must be None, a Python int or a \(left, right\) tuple"),
+    ((1, 2, 3), r"local_window_size must be None, a Python int or a \(left, right\) tuple"),
+    ((1.0, 2), r"local_window_size must be None, a Python int or a \(left, right\) tuple"),
+    (True, r"local_window_size must be None, a Python int or a \(left, right\) tuple"),
+    ("3", r"local_window_size must be None, a Python int or a \(left, right\) tuple"),
+])
+def test_bad_window(window, match):
+    with pytest.raises(ValueError, match=match):
+        jaxattn.flash_attention(*_arrays(), local_window_size=window)
+
+
+@pytest.mark.parametrize("name", ["query_seq_lengths", "key_value_seq_lengths"])
+@pytest.mark.parametrize("value,match", [
+    (jnp.asarray([3, 4, 5], jnp.int32), r"must have shape \(2,\) \(the batch size\), got \(3,\)"),
+    (jnp.asarray([[3, 4]], jnp.int32), r"must have shape \(2,\)"),
+    (jnp.asarray([3.0, 4.0], jnp.float32), r"must be int32, got float32"),
+    (jnp.asarray([3, 4], jnp.int16), r"must be int32, got int16"),
+    ([3, 4], r"must be int32 arrays, not lists"),
+    (3, r"must be an int32 array of shape \[B\], got int"),
+])
+def test_bad_lengths(name, value, match):
+    with pytest.raises(ValueError, match=f"{name}.*{match}" if "lists" not in match else match):
+        jaxattn.flash_attention(*_arrays(), **{name: value})
+
+
+def test_bad_lengths_unbatched():
+    q, k, v = (x[0] for x in _arrays())
+    with pytest.raises(ValueError, match=r"query_seq_lengths must have shape \(\) or \(1,\)"):
+        jaxattn.flash_attention(q, k, v, query_seq_lengths=jnp.asarray([1, 2], jnp.int32))
+
+
+# ---- dispatch: the CUDA kernels do not take masks yet --------------------------
+
+MASKED = {
+    "local_window_size": dict(local_window_size=4),
+    "query_seq_lengths": dict(query_seq_lengths=jnp.asarray([3, 8], jnp.int32)),
+    "key_value_seq_lengths": dict(key_value_seq_lengths=jnp.asarray([3, 8], jnp.int32)),
+    "logits_soft_cap": dict(logits_soft_cap=30.0),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(MASKED))
+@pytest.mark.parametrize("impl", ["cuda", "cuda_sm80"])
+def test_cuda_forced_with_mask_is_not_implemented(feature, impl):
+    q, k, v = (x.astype(jnp.bfloat16) for x in _arrays())
+    with pytest.raises(NotImplementedError, match=f"do not support {feature}"):
+        jaxattn.flash_attention(q, k, v, implementation=impl, **MASKED[feature])
+    with pytest.raises(NotImplementedError, match=f"do not support {feature}"):
+        jaxattn.kernel_for(q, k, v, implementation=impl, **MASKED[feature])
+
+
+@pytest.mark.parametrize("feature", sorted(MASKED))
+def test_kernel_for_cuda_platform_masked_is_reference(feature):
+    q, k, v = (x.astype(jnp.bfloat16) for x in _arrays())
+    assert jaxattn.kernel_for(q, k, v, platform="cuda", **MASKED[feature]) == "reference"
+    assert jaxattn.kernel_for(q, k, v, platform="gpu", is_causal=True, **MASKED[feature]) == "reference"
+    assert jaxattn.kernel_for(q, k, v, platform="cpu", **MASKED[feature]) == "cpu:flash"
+
+
+# ---- sharding: lengths shard along the batch ------------------------------------
+
+_SHARDED = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import jaxattn
+    jax.config.update("jax_use_shardy_partitioner", {shardy})
+    mesh = jax.make_mesh((2, 2), ("b", "h"))
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((4, 33, 4, 16)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((4, 47, 2, 16)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((4, 47, 2, 16)), jnp.float32)
+    ql = jnp.asarray([33, 5, 0, 20], jnp.int32)
+    kl = jnp.asarray([47, 1, 30, 0], jnp.int32)
+    sh = NamedSharding(mesh, P("b", None, "h", None))
+    lsh = NamedSharding(mesh, P("b"))
+    args = [jax.device_put(x, s) for x, s in ((q, sh), (k, sh), (v, sh), (ql, lsh), (kl, lsh))]
+    def f(impl):
+        def fn(q, k, v, ql, kl):
+            out = jaxattn.flash_attention(q, k, v, is_causal=True, local_window_size=(6, 2), implementation=impl,
+                                          query_seq_lengths=ql, key_value_seq_lengths=kl)
+            return out, jax.grad(lambda q, k, v: jnp.sum(jaxattn.flash_attention(
+                q, k, v, is_causal=True, local_window_size=(6, 2), implementation=impl,
+                query_seq_lengths=ql, key_value_seq_lengths=kl) ** 2), argnums=(0, 1, 2))(q, k, v)
+        return fn
+    got = jax.jit(f("cpu"))(*args)
+    want = f("reference")(q, k, v, ql, kl)
+    assert got[0].sharding.spec[0] == "b", got[0].sharding
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5)
+    hlo = jax.jit(f("cpu")).lower(*args).compile().as_text()
+    assert "all-gather" not in hlo, "inputs were gathered"
+    print("OK")
+""")
+
+
+@pytest.mark.parametrize("shardy", [True, False])
+def test_sharded_batch_with_lengths(shardy, tmp_path):
+    script = tmp_path / "sharded.py"
+    script.write_text(_SHARDED.format(shardy=shardy))
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(tmp_path),
+                       env=env, timeout=300)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
