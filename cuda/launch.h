@@ -31,6 +31,10 @@ LaunchStatus flash_bwd_sm80(const AttnParams& p, cudaStream_t stream);
 bool sm90_fwd_supports(const AttnParams& p, int cc_major, int cc_minor);
 // Forward writes o and lse, like flash_fwd_sm80.
 LaunchStatus flash_fwd_sm90(const AttnParams& p, cudaStream_t stream);
+// Whether the Hopper backward covers `p` (same idea as sm90_fwd_supports).
+bool sm90_bwd_supports(const AttnParams& p, int cc_major, int cc_minor);
+// Backward, like flash_bwd_sm80 (same workspace).
+LaunchStatus flash_bwd_sm90(const AttnParams& p, cudaStream_t stream);
 // One-time host set-up of the Hopper path (looks up the driver's tensor-map
 // encoder), done when the FFI targets are registered so that no such call
 // happens while XLA captures a stream into a CUDA graph. Harmless without a

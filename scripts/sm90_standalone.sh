@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds the Hopper (sm_90a) forward with its standalone checker (no JAX) and runs:
+# Builds the Hopper (sm_90a) kernels with a standalone checker (no JAX) and runs:
 # ptxas/SASS summary, a compute-sanitizer memcheck pass on a few small cases (when
 # the tool exists), then the full check against the float64 CPU reference and the
 # benchmarks. The last lines printed are the results table.
 #
-# Usage: scripts/sm90_standalone.sh [args for sm90_fwd_check]
+# Usage: [CHECK=fwd|bwd] scripts/sm90_standalone.sh [args for sm90_$CHECK_check]
+#   CHECK=fwd (default): tests/cuda/sm90_fwd_check.cu; CHECK=bwd: tests/cuda/sm90_bwd_check.cu
+#   (which also links the portable kernels: it compares against them).
 # Env: NVCC (default /usr/local/cuda/bin/nvcc, else nvcc on PATH), BUILD
 #      (default build/sm90_standalone), SANITIZE (1), RUN (1; 0 = build only).
 #      With $OUT set, logs are copied there.
@@ -13,16 +15,20 @@ cd "$(dirname "$0")/.."
 
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 [ -x "$NVCC" ] || NVCC=$(command -v nvcc)
-BUILD=${BUILD:-build/sm90_standalone}
+CHECK=${CHECK:-fwd}
+BUILD=${BUILD:-build/sm90_standalone_$CHECK}
+BIN="$BUILD/sm90_${CHECK}_check"
 mkdir -p "$BUILD"
 ARCH=(-gencode arch=compute_90a,code=sm_90a)
-FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -Icuda "${ARCH[@]}" -Xptxas -v -lineinfo)
+FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -Icuda -Itests/cuda "${ARCH[@]}" -Xptxas -v -lineinfo)
 
 t0=$(date +%s)
 pids=()
 objs=()
-for src in cuda/sm90/*.cu tests/cuda/sm90_fwd_check.cu; do
-  obj="$BUILD/$(basename "${src%.cu}").o"
+SRCS=(cuda/sm90/*.cu "tests/cuda/sm90_${CHECK}_check.cu")
+[ "$CHECK" = bwd ] && SRCS+=(cuda/sm80/*.cu)
+for src in "${SRCS[@]}"; do
+  obj="$BUILD/$(basename "$(dirname "$src")")_$(basename "${src%.cu}").o"
   objs+=("$obj")
   "$NVCC" "${FLAGS[@]}" -Xcompiler -fopenmp -c "$src" -o "$obj" >"$obj.log" 2>&1 &
   pids+=($!)
@@ -34,7 +40,7 @@ if [ $fail = 1 ]; then
   echo "BUILD FAILED"
   exit 1
 fi
-"$NVCC" "${ARCH[@]}" -Xcompiler -fopenmp "${objs[@]}" -o "$BUILD/sm90_fwd_check"
+"$NVCC" "${ARCH[@]}" -Xcompiler -fopenmp "${objs[@]}" -o "$BIN"
 echo "build: $(($(date +%s) - t0)) s"
 
 echo "== ptxas: stack frames / spills (none expected), setmaxnreg or wgmma warnings"
@@ -50,10 +56,11 @@ cat "$BUILD"/*.o.log | grep -E "Compiling entry|Used [0-9]+ registers" |
 CUOBJDUMP=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
 if [ -x "$CUOBJDUMP" ]; then
   echo "== SASS (per object: HGMMA, UTMALDG, UTMASTG, local memory, setmaxnreg)"
-  for o in "$BUILD"/fwd_hdim*.o; do
+  for o in "$BUILD"/sm90_fwd_hdim*.o "$BUILD"/sm90_bwd_hdim*.o; do
     "$CUOBJDUMP" --dump-sass "$o" >"$o.sass" 2>/dev/null || continue
-    printf "%-16s HGMMA %5d  UTMALDG %3d  UTMASTG %3d  LDL/STL %3d  USETMAXREG %3d\n" "$(basename "$o")" \
-      "$(grep -c HGMMA "$o.sass")" "$(grep -c UTMALDG "$o.sass")" "$(grep -c UTMASTG "$o.sass")" \
+    [ -f "$o" ] || continue
+    printf "%-16s HGMMA %5d  UTMALDG %3d  UTMASTG %3d  UTMAREDG %3d  LDL/STL %3d  USETMAXREG %3d\n" "$(basename "$o")" \
+      "$(grep -c HGMMA "$o.sass")" "$(grep -c UTMALDG "$o.sass")" "$(grep -c UTMASTG "$o.sass")" "$(grep -c UTMAREDG "$o.sass")" \
       "$(grep -cE '\b(LDL|STL)\b' "$o.sass")" "$(grep -c USETMAXREG "$o.sass")"
   done
 fi
@@ -61,7 +68,7 @@ fi
 
 echo "== smoke (quick cases, no sanitizer)"
 smoke=0
-timeout 60 "$BUILD/sm90_fwd_check" --quick >"$BUILD/smoke.txt" 2>&1 || smoke=$?
+timeout 60 "$BIN" --quick >"$BUILD/smoke.txt" 2>&1 || smoke=$?
 if [ $smoke = 0 ]; then echo "smoke: ok"; else echo "smoke: FAILED (rc $smoke)"; tail -n 20 "$BUILD/smoke.txt"; fi
 if [ $smoke = 124 ]; then
   echo "smoke run hung: skipping the rest"
@@ -71,13 +78,13 @@ fi
 
 echo "== check + bench"
 status=0
-timeout "${MAIN_TIMEOUT:-200}" "$BUILD/sm90_fwd_check" --log "$BUILD/cases.txt" "$@" >"$BUILD/main.txt" 2>&1 || status=$?
+timeout "${MAIN_TIMEOUT:-200}" "$BIN" --log "$BUILD/cases.txt" "$@" >"$BUILD/main.txt" 2>&1 || status=$?
 [ $status = 124 ] && { echo "main run TIMED OUT; last cases:"; tail -n 5 "$BUILD/cases.txt"; }
 
 if [ "${SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer memcheck (quick cases)"
   timeout "${SANITIZE_TIMEOUT:-90}" compute-sanitizer --tool memcheck --print-limit 5 --error-exitcode 3 \
-    "$BUILD/sm90_fwd_check" --quick >"$BUILD/memcheck.txt" 2>&1 &&
+    "$BIN" --quick >"$BUILD/memcheck.txt" 2>&1 &&
     echo "memcheck: clean" || { echo "memcheck: FAILED or timed out"; tail -n 30 "$BUILD/memcheck.txt"; }
 fi
 if [ -n "${OUT:-}" ]; then

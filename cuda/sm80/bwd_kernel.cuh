@@ -10,7 +10,7 @@
 #include "common/params.h"
 #include "common/ptx.h"
 #include "launch.h"
-#include "sm80/bwd_preprocess.cuh"
+#include "common/bwd_prepost.cuh"
 #include "sm80/smem_tile.cuh"
 #include "sm80/softmax.cuh"
 #include "sm80/tile_config.cuh"
@@ -245,10 +245,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
 template <int kHeadDim, typename Elem>
 LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream) {
   using Tile = typename BwdTileFor<kHeadDim>::type;
-  const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.num_heads;
-  flash_bwd_preprocess_kernel<Elem>
-      <<<unsigned((rows + kPrepWarps - 1) / kPrepWarps), kPrepWarps * 32, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launch_bwd_preprocess<Elem>(p, stream);
   if (err != cudaSuccess) return {err, "flash_bwd_preprocess_sm80"};
 
   const dim3 grid((p.seqlen_k + Tile::kBlockN - 1) / Tile::kBlockN, p.num_heads_k, p.batch);
@@ -270,11 +267,8 @@ LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream) {
   }
   if (!st.ok()) return st;
 
-  const int64_t chunks = rows * (p.head_dim / 8);
-  const int64_t blocks = (chunks + 255) / 256;
-  flash_bwd_convert_dq_kernel<Elem>
-      <<<unsigned(blocks < 65536 * 8 ? blocks : 65536 * 8), 256, 0, stream>>>(p);
-  return {cudaGetLastError(), "flash_bwd_convert_dq_sm80"};
+  err = launch_bwd_convert_dq<Elem>(p, stream);
+  return {err, err == cudaSuccess ? "" : "flash_bwd_convert_dq_sm80"};
 }
 
 }  // namespace jaxattn::cuda::sm80

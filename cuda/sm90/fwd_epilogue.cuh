@@ -12,6 +12,7 @@
 #include "sm90/fwd_smem.cuh"
 #include "sm90/fwd_softmax.cuh"
 #include "sm90/fwd_traits.cuh"
+#include "sm90/smem_rows.cuh"
 
 namespace jaxattn::sm90 {
 
@@ -29,19 +30,9 @@ struct FwdEpilogue {
     float inv_sum[2], lse[2];
     softmax.finalize(args.scale, inv_sum, lse);
 
-    // O -> shared: row r (in the tile), column 8 j + 2 t -> chunk j / 8, 16-byte unit
-    // (j % 8) ^ (r % 8), byte 4 t within it.
+    // O -> this warpgroup's 64 rows of the Q tile (free of bank conflicts: same swizzle).
     const uint32_t rows = sm.q() + wg * 64 * 128;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = warp * 16 + g + 8 * h;  // row within this warpgroup's 64
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        const uint32_t v = ptx::pack2<Elem>(o[4 * j + 2 * h] * inv_sum[h], o[4 * j + 2 * h + 1] * inv_sum[h]);
-        const uint32_t addr = rows + (j / 8) * kBlockM * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) + 4 * t;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-      }
-    }
+    store_acc_sw128<Elem, kHeadDim>(o, inv_sum, rows, kBlockM * 128, warp * 16 + g, t);
     hptx::fence_proxy_async_smem();
     hptx::named_bar_sync(1 + wg, 128);
     const int wg_row0 = tile.m_block * kBlockM + wg * 64;

@@ -31,33 +31,51 @@ inline EncodeTiledFn get_encode_tiled() {
   return fn;
 }
 
-// Tensor map over a 16-bit [batch, rows, heads, head_dim] tensor (element strides given,
-// head dim contiguous), seen as 5D (64, rows, head_dim/64, heads, batch) so that one box
-// (64, box_rows, box_chunks, 1, 1) lands in shared memory as box_chunks column chunks of
-// [box_rows][64] elements, 128B-swizzled, the layout the wgmma descriptors expect.
-// Rows past `rows` read as zero and are not written by stores.
-inline cudaError_t make_tmap_bshd(CUtensorMap* map, const void* base, DType dtype, int batch, int rows,
-                                  int heads, int head_dim, int64_t batch_stride, int64_t row_stride,
-                                  int64_t head_stride, int box_rows, int box_chunks) {
+// Tensor map over a [batch, rows, heads, head_dim] tensor (element strides given, head dim
+// contiguous) of `esz`-byte elements, seen as 5D (chunk, rows, head_dim/chunk, heads, batch)
+// with chunk = 128 / esz elements, so that one box (chunk, box_rows, box_chunks, 1, 1) lands in
+// shared memory as box_chunks column chunks of [box_rows][128 bytes], 128B-swizzled: the
+// layout the wgmma descriptors expect. Rows past `rows` read as zero and are not written
+// by stores or reductions.
+inline cudaError_t make_tmap_rows(CUtensorMap* map, CUtensorMapDataType dt, int64_t esz, const void* base,
+                                  int batch, int rows, int heads, int head_dim, int64_t batch_stride,
+                                  int64_t row_stride, int64_t head_stride, int box_rows, int box_chunks) {
   EncodeTiledFn encode = get_encode_tiled();
   if (!encode) return cudaErrorNotSupported;
-  const int64_t esz = 2;
+  const int64_t chunk = 128 / esz;
   // A stride of a size-1 dimension is never used; give it a legal value.
   if (batch == 1) batch_stride = 16 / esz;
   if (heads == 1) head_stride = 16 / esz;
   if (rows == 1) row_stride = 16 / esz;
-  const cuuint64_t dims[5] = {64, (cuuint64_t)rows, (cuuint64_t)(head_dim / 64), (cuuint64_t)heads,
-                              (cuuint64_t)batch};
+  const cuuint64_t dims[5] = {(cuuint64_t)chunk, (cuuint64_t)rows, (cuuint64_t)(head_dim / chunk),
+                              (cuuint64_t)heads, (cuuint64_t)batch};
   const cuuint64_t strides[4] = {(cuuint64_t)(row_stride * esz), 128, (cuuint64_t)(head_stride * esz),
                                  (cuuint64_t)(batch_stride * esz)};
-  const cuuint32_t box[5] = {64, (cuuint32_t)box_rows, (cuuint32_t)box_chunks, 1, 1};
+  const cuuint32_t box[5] = {(cuuint32_t)chunk, (cuuint32_t)box_rows, (cuuint32_t)box_chunks, 1, 1};
   const cuuint32_t estr[5] = {1, 1, 1, 1, 1};
-  const CUtensorMapDataType dt =
-      dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUresult r = encode(map, dt, 5, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// make_tmap_rows for the 16-bit q, k, v, o, dout, dq, dk, dv tensors (64-element chunks).
+inline cudaError_t make_tmap_bshd(CUtensorMap* map, const void* base, DType dtype, int batch, int rows,
+                                  int heads, int head_dim, int64_t batch_stride, int64_t row_stride,
+                                  int64_t head_stride, int box_rows, int box_chunks) {
+  const CUtensorMapDataType dt =
+      dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return make_tmap_rows(map, dt, 2, base, batch, rows, heads, head_dim, batch_stride, row_stride, head_stride,
+                        box_rows, box_chunks);
+}
+
+// make_tmap_rows for a contiguous f32 [batch, rows, heads, head_dim] tensor (the dQ
+// accumulator; 32-element chunks).
+inline cudaError_t make_tmap_bshd_f32(CUtensorMap* map, const float* base, int batch, int rows, int heads,
+                                      int head_dim, int box_rows, int box_chunks) {
+  const int64_t head_stride = head_dim, row_stride = int64_t(head_dim) * heads;
+  return make_tmap_rows(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, base, batch, rows, heads, head_dim,
+                        row_stride * rows, row_stride, head_stride, box_rows, box_chunks);
 }
 
 // Whether make_tmap_bshd can describe a tensor with these strides and base address.

@@ -1,6 +1,6 @@
-// The two small memory-bound kernels around the backward main kernel:
-// before it, dpsum = rowsum(dout * o) - dlse and dq_accum = 0; after it,
-// dq = scale * dq_accum in the input dtype.
+// The two small memory-bound kernels around every backward main kernel (sm80
+// and sm90 alike): before it, dpsum = rowsum(dout * o) - dlse and dq_accum = 0;
+// after it, dq = scale * dq_accum in the input dtype. Plus their launchers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,7 +8,7 @@
 #include "common/params.h"
 #include "common/ptx.h"
 
-namespace jaxattn::cuda::sm80 {
+namespace jaxattn::cuda {
 
 constexpr int kPrepWarps = 8;
 
@@ -71,4 +71,26 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq_kernel(const AttnPar
   }
 }
 
-}  // namespace jaxattn::cuda::sm80
+// Enqueues flash_bwd_preprocess_kernel over every (b, t, n) row.
+template <typename Elem>
+cudaError_t launch_bwd_preprocess(const AttnParams& p, cudaStream_t stream) {
+  const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.num_heads;
+  if (rows == 0) return cudaSuccess;
+  flash_bwd_preprocess_kernel<Elem>
+      <<<unsigned((rows + kPrepWarps - 1) / kPrepWarps), kPrepWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Enqueues flash_bwd_convert_dq_kernel (grid-stride, capped grid).
+template <typename Elem>
+cudaError_t launch_bwd_convert_dq(const AttnParams& p, cudaStream_t stream) {
+  const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.num_heads;
+  const int64_t chunks = rows * (p.head_dim / 8);
+  if (chunks == 0) return cudaSuccess;
+  const int64_t blocks = (chunks + 255) / 256;
+  flash_bwd_convert_dq_kernel<Elem>
+      <<<unsigned(blocks < 65536 * 8 ? blocks : 65536 * 8), 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace jaxattn::cuda

@@ -1,0 +1,83 @@
+// The Hopper (sm_90a) flash-attention backward kernel: warp-specialised, one CTA
+// per 128-key block of one (batch, kv head); the whole GQA group of query heads
+// streams through it, so dK / dV are reduced over the group in registers.
+//
+// Threads: warpgroup 0 = producer (setmaxnreg.dec; one thread issues every TMA
+// load), warpgroups 1..2 = consumers (setmaxnreg.inc; wgmma, P / dS, dQ reduce-adds
+// and the dK / dV epilogue for 64 keys each).
+#pragma once
+
+#include <cuda.h>
+
+#include "common/hopper_ptx.h"
+#include "common/ptx.h"
+#include "sm90/bwd_epilogue.cuh"
+#include "sm90/bwd_mainloop.cuh"
+#include "sm90/bwd_traits.cuh"
+
+namespace jaxattn::sm90 {
+
+// Kernel parameters: tensor maps first (64-byte aligned), then the plain arguments.
+struct BwdParams {
+  CUtensorMap tm_q;   // box (64, kBlockM, kChunks, 1, 1)
+  CUtensorMap tm_do;  // box (64, kBlockM, kChunks, 1, 1)
+  CUtensorMap tm_k;   // box (64, kBlockN, kChunks, 1, 1)
+  CUtensorMap tm_v;   // box (64, kBlockN, kChunks, 1, 1)
+  CUtensorMap tm_dk;  // box (64, 64, 1, 1, 1): one chunk of one warpgroup's keys
+  CUtensorMap tm_dv;  // box (64, 64, 1, 1, 1)
+  CUtensorMap tm_dq;  // f32 dq_accum, box (32, kBlockM, kDqChunks, 1, 1)
+  BwdArgs args;
+};
+
+// The tile of this CTA. Causal: only query blocks that reach the first key.
+template <class Tr, bool kCausal>
+__device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
+  BwdTile tile;
+  tile.n_block = blockIdx.x;
+  tile.kv_head = blockIdx.y;
+  tile.batch = blockIdx.z;
+  tile.m_begin = kCausal ? (tile.n_block * Tr::kBlockN) / Tr::kBlockM : 0;
+  tile.m_end = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  if (tile.m_begin > tile.m_end) tile.m_begin = tile.m_end;
+  return tile;
+}
+
+template <class Tr, bool kCausal>
+__global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const __grid_constant__ BwdParams params) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const BwdSmem<Tr> sm{(ptx::smem_addr(smem_raw) + 1023u) & ~1023u};
+  const BwdArgs& args = params.args;
+  const BwdTile tile = bwd_tile_from_block<Tr, kCausal>(args);
+  const int warpgroup = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
+
+  if (threadIdx.x == 0) {
+    hptx::mbar_init(sm.bar_kv(), 1);
+#pragma unroll
+    for (int s = 0; s < Tr::kStages; ++s) {
+      hptx::mbar_init(sm.bar_q_full(s), 1);
+      hptx::mbar_init(sm.bar_q_empty(s), 4 * Tr::kConsumerWarpgroups);
+    }
+    hptx::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    hptx::setmaxnreg_dec<Tr::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      hptx::prefetch_tmap(&params.tm_q);
+      hptx::prefetch_tmap(&params.tm_do);
+      hptx::prefetch_tmap(&params.tm_k);
+      hptx::prefetch_tmap(&params.tm_v);
+      BwdMainloop<Tr>::produce(&params.tm_q, &params.tm_do, &params.tm_k, &params.tm_v, sm, tile, args);
+    }
+  } else {
+    hptx::setmaxnreg_inc<Tr::kConsumerRegs>();
+    const int wg = warpgroup - 1;
+    const int tid = threadIdx.x % 128;
+    float dk[Tr::kHeadDim / 2], dv[Tr::kHeadDim / 2];
+    BwdMainloop<Tr>::template consume<kCausal>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid);
+    BwdEpilogue<Tr>::store(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);
+  }
+}
+
+}  // namespace jaxattn::sm90

@@ -1,0 +1,71 @@
+// Host launcher template of the Hopper backward: the shared preprocess kernel
+// (dpsum, zeroed dQ accumulator), the seven tensor maps, the main kernel on a grid
+// of (key blocks, kv heads, batch) and the shared dQ conversion. Included only by
+// the per-head-dim bwd_hdim*.cu files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "common/bwd_prepost.cuh"
+#include "sm90/bwd_dispatch.h"
+#include "sm90/bwd_kernel.cuh"
+#include "sm90/bwd_traits.cuh"
+#include "sm90/tma_descriptors.cuh"
+
+namespace jaxattn::sm90 {
+
+template <int kHeadDim, typename Elem>
+cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream) {
+  using Tr = BwdTraits<kHeadDim, Elem>;
+  const char* name = "flash_bwd_sm90";
+  cudaError_t e = cuda::launch_bwd_preprocess<Elem>(p, stream);
+  if (e != cudaSuccess) return {e, "flash_bwd_preprocess"};
+
+  BwdParams kp;
+  auto map16 = [&](CUtensorMap* m, const void* base, int rows, int heads, int64_t bs, int64_t rs, int64_t hs,
+                   int box_rows, int box_chunks) {
+    if (e == cudaSuccess)
+      e = make_tmap_bshd(m, base, p.dtype, p.batch, rows, heads, kHeadDim, bs, rs, hs, box_rows, box_chunks);
+  };
+  const int T = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, K = p.num_heads_k;
+  map16(&kp.tm_q, p.q, T, N, p.q_batch_stride, p.q_row_stride, p.q_head_stride, Tr::kBlockM, Tr::kChunks);
+  map16(&kp.tm_do, p.dout, T, N, p.o_batch_stride, p.o_row_stride, p.o_head_stride, Tr::kBlockM, Tr::kChunks);
+  map16(&kp.tm_k, p.k, S, K, p.k_batch_stride, p.k_row_stride, p.k_head_stride, Tr::kBlockN, Tr::kChunks);
+  map16(&kp.tm_v, p.v, S, K, p.v_batch_stride, p.v_row_stride, p.v_head_stride, Tr::kBlockN, Tr::kChunks);
+  map16(&kp.tm_dk, p.dk, S, K, p.k_batch_stride, p.k_row_stride, p.k_head_stride, 64, 1);
+  map16(&kp.tm_dv, p.dv, S, K, p.v_batch_stride, p.v_row_stride, p.v_head_stride, 64, 1);
+  if (e == cudaSuccess)
+    e = make_tmap_bshd_f32(&kp.tm_dq, p.dq_accum, p.batch, T, N, kHeadDim, Tr::kBlockM, Tr::kDqChunks);
+  if (e != cudaSuccess) return {e, "flash_bwd_sm90 (cuTensorMapEncodeTiled)"};
+
+  kp.args.lse = p.lse;
+  kp.args.dpsum = p.dpsum;
+  kp.args.seqlen_q = T;
+  kp.args.seqlen_k = S;
+  kp.args.num_heads = N;
+  kp.args.group = N / K;
+  kp.args.scale = p.scale;
+  kp.args.scale_log2 = p.scale * static_cast<float>(M_LOG2E);
+
+  void (*kernel)(const BwdParams) =
+      p.is_causal ? flash_bwd_sm90_kernel<Tr, true> : flash_bwd_sm90_kernel<Tr, false>;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  if (e != cudaSuccess) return {e, name};
+  const dim3 grid((S + Tr::kBlockN - 1) / Tr::kBlockN, K, p.batch);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return {e, name};
+
+  e = cuda::launch_bwd_convert_dq<Elem>(p, stream);
+  return {e, e == cudaSuccess ? "" : "flash_bwd_convert_dq"};
+}
+
+}  // namespace jaxattn::sm90
+
+// Explicit instantiations for one head dim, both element types.
+#define JAXATTN_SM90_BWD_INSTANTIATE(HD)                                                                  \
+  template jaxattn::cuda::LaunchStatus jaxattn::sm90::run_bwd<HD, __nv_bfloat16>(const jaxattn::AttnParams&, \
+                                                                                  cudaStream_t);            \
+  template jaxattn::cuda::LaunchStatus jaxattn::sm90::run_bwd<HD, __half>(const jaxattn::AttnParams&, cudaStream_t);

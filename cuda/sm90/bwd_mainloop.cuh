@@ -1,0 +1,250 @@
+// Main loop of the Hopper backward (layout and products in bwd_traits.cuh): the
+// TMA producer (one thread) and the wgmma consumers (one warpgroup per 64 keys).
+//
+// Per query block (step), in each consumer warpgroup:
+//   1. S^T and dP^T issued back to back (two commit groups); the per-query lse and
+//      D values are fetched meanwhile (one coalesced load per lane, spread by shfl).
+//   2. P^T = exp2(S^T scale log2e - lse log2e) as soon as S^T lands (masked only on
+//      boundary / diagonal blocks); dS^T = P^T (dP^T - D) when dP^T lands.
+//   3. dV += P^T dO issued at once (A from registers); dS^T written to smem; one
+//      barrier of both consumer warpgroups; then dQ = dS K (A: dS^T MN-major from
+//      smem, this warpgroup's half of the head dim) and dK += dS^T Q.
+//   4. dQ (f32) staged in smem and added to the global accumulator by one thread
+//      with a TMA reduce-add, while dK's wgmma finishes.
+// Query rows >= T arrive as zeros (TMA fill) and get lse = +inf, D = 0, so their
+// P and dS are 0 without masking; keys >= S and causal need the mask.
+#pragma once
+
+#include <cuda.h>
+
+#include <cmath>
+
+#include "common/hopper_ptx.h"
+#include "common/ptx.h"
+#include "sm90/bwd_traits.cuh"
+#include "sm90/fwd_smem.cuh"  // PipeState
+#include "sm90/smem_rows.cuh"
+
+namespace jaxattn::sm90 {
+
+template <class Tr>
+struct BwdMainloop {
+  using Elem = typename Tr::Elem;
+  static constexpr int kHeadDim = Tr::kHeadDim;
+  static constexpr int kBlockM = Tr::kBlockM;
+  static constexpr int kBlockN = Tr::kBlockN;
+  static constexpr int kSRegs = kBlockM / 2;    // S^T / dP^T accumulator floats (64 keys x kBlockM)
+  static constexpr int kPRegs = kBlockM / 4;    // P^T / dS^T as packed 16-bit pairs
+  static constexpr int kAccRegs = kHeadDim / 2; // dK / dV accumulator floats (64 keys x H)
+  static constexpr int kDqRegs = Tr::kDqCols / 2;
+  using Pipe = PipeState<Tr::kStages>;
+
+  // Visits the steps of a tile in order: (query head of the group, query block).
+  struct StepIter {
+    int head_in_group = 0, m_block = 0;
+  };
+
+  // ---- producer (one thread) ----------------------------------------------
+  __device__ static void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_do, const CUtensorMap* tm_k,
+                                 const CUtensorMap* tm_v, const BwdSmem<Tr>& sm, const BwdTile& tile,
+                                 const BwdArgs& args) {
+    hptx::mbar_arrive_expect_tx(sm.bar_kv(), 2 * Tr::kKVBytes);
+    hptx::tma_load_5d(sm.k(), tm_k, sm.bar_kv(), 0, tile.n_block * kBlockN, 0, tile.kv_head, tile.batch);
+    hptx::tma_load_5d(sm.v(), tm_v, sm.bar_kv(), 0, tile.n_block * kBlockN, 0, tile.kv_head, tile.batch);
+    Pipe pipe;
+    for (int hg = 0; hg < args.group; ++hg) {
+      const int head = tile.kv_head * args.group + hg;
+      for (int m = tile.m_begin; m < tile.m_end; ++m) {
+        hptx::mbar_wait(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
+        hptx::mbar_arrive_expect_tx(sm.bar_q_full(pipe.stage), 2 * Tr::kQBytes);
+        hptx::tma_load_5d(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), 0, m * kBlockM, 0, head, tile.batch);
+        hptx::tma_load_5d(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), 0, m * kBlockM, 0, head,
+                          tile.batch);
+        pipe.advance();
+      }
+    }
+  }
+
+  // ---- consumer pieces (one warpgroup) ---------------------------------------
+
+  // acc(64 rows of `a_rows`, kBlockM cols) = A B^T over the head dim, both K-major tiles
+  // ([kChunks][rows][64]): S^T = K Q^T, dP^T = V dO^T.
+  __device__ __forceinline__ static void issue_abT(float (&acc)[kSRegs], uint32_t a_rows, uint32_t a_chunk,
+                                                   uint32_t b_tile) {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t col = kk / 4, off = (kk % 4) * 32;
+      const uint64_t da = hptx::make_desc_sw128(a_rows + col * a_chunk + off, 16, 1024);
+      const uint64_t db = hptx::make_desc_sw128(b_tile + col * kBlockM * 128 + off, 16, 1024);
+      hptx::wgmma_ss<Elem, kBlockM, 0>(acc, da, db, kk > 0 ? 1 : 0);
+    }
+  }
+
+  // acc(64 keys x H) += A(64 keys x kBlockM, registers) B(kBlockM x H: the Q or dO tile, MN-major).
+  __device__ __forceinline__ static void issue_acc_rs(float (&acc)[kAccRegs], const uint32_t (&a)[kPRegs],
+                                                      uint32_t b_tile) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      const uint64_t db = hptx::make_desc_sw128(b_tile + kk * 16 * 128, kBlockM * 128, 1024);
+      const uint32_t f[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
+      hptx::wgmma_rs<Elem, kHeadDim, 1>(acc, f, db, 1);
+    }
+  }
+
+  // dq(kBlockM x kDqCols) = dS(kBlockM x kBlockN) K(kBlockN x this warpgroup's columns):
+  // A = dS^T [kBlockN][kBlockM] in smem (MN-major), B = K (MN-major), columns from col0.
+  __device__ __forceinline__ static void issue_dq(float (&dq)[kDqRegs], uint32_t ds_tile, uint32_t k_tile,
+                                                  int col0) {
+    const uint32_t b_base = k_tile + (col0 / 64) * kBlockN * 128 + (col0 % 64) * 2;
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint64_t da = hptx::make_desc_sw128(ds_tile + kk * 16 * 128, kBlockN * 128, 1024);
+      const uint64_t db = hptx::make_desc_sw128(b_base + kk * 16 * 128, kBlockN * 128, 1024);
+      hptx::wgmma_ss_t<Elem, Tr::kDqCols, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
+    }
+  }
+
+  // One arrival per warp on an empty barrier (its reads of that stage are done).
+  __device__ __forceinline__ static void release(uint32_t bar, int lane) {
+    if (lane == 0) hptx::mbar_arrive(bar);
+  }
+
+  // Value of column 8 j + 2 t + e from the per-lane pair (lane L holds columns 2 L, 2 L + 1).
+  __device__ __forceinline__ static float col_value(const float2& v, int j, int t, int e) {
+    const int src = 4 * j + t;
+    return e == 0 ? __shfl_sync(0xffffffffu, v.x, src) : __shfl_sync(0xffffffffu, v.y, src);
+  }
+
+  // ---- consumer: every step of a tile -------------------------------------------
+  // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
+  template <bool kCausal>
+  __device__ static void consume(float (&dk)[kAccRegs], float (&dv)[kAccRegs], const CUtensorMap* tm_dq,
+                                 const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args, int wg,
+                                 int tid) {
+    static_assert(kBlockM == 64, "one lane pair per two query columns");
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int key_wg0 = tile.n_block * kBlockN + wg * 64;  // first key of this warpgroup
+    const int key0 = key_wg0 + warp * 16 + g;               // this thread's h = 0 key row
+    const uint32_t k_rows = sm.k() + wg * 64 * 128, v_rows = sm.v() + wg * 64 * 128;
+    const float sl2 = args.scale_log2;
+    const int T = args.seqlen_q, S = args.seqlen_k;
+
+#pragma unroll
+    for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
+    float s[kSRegs], dp[kSRegs], dq[kDqRegs];
+    uint32_t p[kPRegs], ds[kPRegs];
+
+    hptx::mbar_wait(sm.bar_kv(), 0);
+    Pipe pipe;
+    int ds_buf = 0;
+    for (int hg = 0; hg < args.group; ++hg) {
+      const int head = tile.kv_head * args.group + hg;
+      const float* lse_bh = args.lse + (int64_t)tile.batch * T * args.num_heads + head;  // stride N
+      const float* dps_bh = args.dpsum + ((int64_t)tile.batch * args.num_heads + head) * T;
+      for (int m = tile.m_begin; m < tile.m_end; ++m) {
+        const int q_base = m * kBlockM;
+        // lse (log2 domain; +inf for rows past T or with no key: P = 0) and D for
+        // columns 2 lane, 2 lane + 1 of this block.
+        float2 lse2, dps2;
+        {
+          const int qa = q_base + 2 * lane, qb = qa + 1;
+          const float la = qa < T ? lse_bh[(int64_t)qa * args.num_heads] : -INFINITY;
+          const float lb = qb < T ? lse_bh[(int64_t)qb * args.num_heads] : -INFINITY;
+          lse2.x = la == -INFINITY ? INFINITY : la * float(M_LOG2E);
+          lse2.y = lb == -INFINITY ? INFINITY : lb * float(M_LOG2E);
+          dps2.x = qa < T ? dps_bh[qa] : 0.f;
+          dps2.y = qb < T ? dps_bh[qb] : 0.f;
+        }
+
+        hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
+        const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
+        hptx::wgmma_fence();
+        issue_abT(s, k_rows, kBlockN * 128, q_tile);
+        hptx::wgmma_commit();
+        issue_abT(dp, v_rows, kBlockN * 128, do_tile);
+        hptx::wgmma_commit();
+
+        // P^T once S^T is in.
+        hptx::wgmma_wait<1>();
+        hptx::reg_fence_array(s);
+        const bool need_mask = key_wg0 + 63 >= S || (kCausal && key_wg0 + 63 > q_base);
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float l = col_value(lse2, j, t, e);
+            const int q = q_base + 8 * j + 2 * t + e;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float& x = s[4 * j + 2 * h + e];
+              x = ptx::exp2_approx(fmaf(x, sl2, -l));
+              if (need_mask) {
+                const int key = key0 + 8 * h;
+                if (key >= S || (kCausal && key > q)) x = 0.f;
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
+
+        // dS^T once dP^T is in.
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(dp);
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float d = col_value(dps2, j, t, e);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int i = 4 * j + 2 * h + e;
+              dp[i] = s[i] * (dp[i] - d);
+            }
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
+
+        // dV += P^T dO now; dS^T to smem for dQ.
+        hptx::wgmma_fence();
+        issue_acc_rs(dv, p, do_tile);
+        hptx::wgmma_commit();
+        store_packed_sw128<kBlockM>(ds, sm.ds(ds_buf) + wg * 64 * 128, 0, warp * 16 + g, t);
+        hptx::fence_proxy_async_smem();
+        hptx::named_bar_sync(1, 256);  // both warpgroups' dS^T rows are in smem
+
+        hptx::wgmma_fence();
+        issue_dq(dq, sm.ds(ds_buf), sm.k(), wg * Tr::kDqCols);
+        hptx::wgmma_commit();
+        issue_acc_rs(dk, ds, q_tile);
+        hptx::wgmma_commit();
+
+        // dQ: staged once its wgmma (and dV's) are done, while dK's runs.
+        hptx::wgmma_wait<1>();
+        hptx::reg_fence_array(dq);
+        hptx::reg_fence_array(p);  // keeps P^T's registers (dV's A operand) live until here
+        const uint32_t dq_stage = sm.dq(wg);
+        if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
+        hptx::named_bar_sync(2 + wg, 128);
+        store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+        hptx::fence_proxy_async_smem();
+        hptx::named_bar_sync(2 + wg, 128);
+        if (tid == 0) {
+          hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
+          hptx::bulk_commit();
+        }
+
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(dk);
+        hptx::reg_fence_array(dv);
+        hptx::reg_fence_array(ds);  // dK's A operand
+        release(sm.bar_q_empty(pipe.stage), lane);
+        pipe.advance();
+        ds_buf ^= 1;
+      }
+    }
+  }
+};
+
+}  // namespace jaxattn::sm90

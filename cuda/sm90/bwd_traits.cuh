@@ -1,0 +1,101 @@
+// Compile-time shape of the Hopper backward: CTA tile, pipeline depth, shared
+// memory layout and warpgroup roles, plus the shared-memory address helper.
+// One instantiation per head dim and element type.
+//
+// A CTA owns kBlockN = 128 keys of one (batch, kv head): K and V stay resident in
+// shared memory and dK / dV in registers (consumer warpgroup w holds keys 64 w ..
+// 64 w + 63), while the query blocks (kBlockM rows of Q, dO) of every query head
+// of the GQA group stream through a kStages TMA ring. Per query block each
+// consumer warpgroup computes, for its 64 keys:
+//   S^T = K Q^T, dP^T = V dO^T                   (wgmma, A and B from smem)
+//   P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - D)  (registers)
+//   dV += P^T dO, dK += dS^T Q                   (wgmma, A = P^T / dS^T from registers)
+//   dQ[:, half w] = dS K                         (wgmma, A = dS^T of both warpgroups via smem)
+// and adds its half of dQ (f32) into the global accumulator with a TMA reduce-add.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace jaxattn::sm90 {
+
+// Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
+// [chunks][rows][64 elements], the f32 dQ staging [chunks][64 rows][32 floats]):
+//   K   [kChunks][kBlockN][64]          (reused for dK in the epilogue)
+//   V   [kChunks][kBlockN][64]          (reused for dV in the epilogue)
+//   Q   [kStages][kChunks][kBlockM][64]
+//   dO  [kStages][kChunks][kBlockM][64]
+//   dS^T [2][kBlockN][kBlockM]           (double-buffered: kBlockM = 64 = one chunk)
+//   dQ staging [2 warpgroups][kHeadDim/64 chunks][kBlockM][32 floats]
+//   mbarriers: kv_full, q_full[s], q_empty[s]
+template <int kHeadDim_, typename Elem_>
+struct BwdTraits {
+  using Elem = Elem_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim");
+
+  static constexpr int kConsumerWarpgroups = 2;  // each owns 64 keys
+  static constexpr int kBlockN = 64 * kConsumerWarpgroups;
+  static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  static constexpr int kChunks = kHeadDim / 64;
+  static constexpr int kDqCols = kHeadDim / 2;         // dQ columns per warpgroup
+  static constexpr int kDqChunks = kDqCols / 32;       // f32 chunks of them
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  static constexpr int kDqWgBytes = kBlockM * kDqCols * 4;
+
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kKVBytes;
+  static constexpr int kOffQ = kOffV + kKVBytes;
+  static constexpr int kOffDo = kOffQ + kStages * kQBytes;
+  static constexpr int kOffDs = kOffDo + kStages * kQBytes;
+  static constexpr int kOffDq = kOffDs + 2 * kDsBytes;
+  static constexpr int kOffBar = kOffDq + kConsumerWarpgroups * kDqWgBytes;
+  static constexpr int kNumBars = 1 + 2 * kStages;
+  static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqWgBytes % 1024 == 0, "1024-aligned tiles");
+};
+
+// Device-side arguments other than the tensor maps.
+struct BwdArgs {
+  const float* lse;    // [B, T, N], natural log
+  const float* dpsum;  // [B, N, T]: rowsum(dout * o) - dlse
+  int seqlen_q, seqlen_k, num_heads, group;  // group = N / K
+  float scale;         // logits scale (dK is scaled here; dQ by the convert kernel)
+  float scale_log2;    // scale * log2(e)
+};
+
+template <class Tr>
+struct BwdSmem {
+  uint32_t base;  // 1024-aligned shared address
+
+  __device__ __forceinline__ uint32_t k() const { return base + Tr::kOffK; }
+  __device__ __forceinline__ uint32_t v() const { return base + Tr::kOffV; }
+  __device__ __forceinline__ uint32_t q(int s) const { return base + Tr::kOffQ + s * Tr::kQBytes; }
+  __device__ __forceinline__ uint32_t dout(int s) const { return base + Tr::kOffDo + s * Tr::kQBytes; }
+  __device__ __forceinline__ uint32_t ds(int b) const { return base + Tr::kOffDs + b * Tr::kDsBytes; }
+  __device__ __forceinline__ uint32_t dq(int wg) const { return base + Tr::kOffDq + wg * Tr::kDqWgBytes; }
+  // mbarriers: K and V loaded; Q/dO stage s full (TMA landed) / empty (every consumer warp done).
+  __device__ __forceinline__ uint32_t bar_kv() const { return base + Tr::kOffBar; }
+  __device__ __forceinline__ uint32_t bar_q_full(int s) const { return bar_kv() + 8 * (1 + s); }
+  __device__ __forceinline__ uint32_t bar_q_empty(int s) const { return bar_kv() + 8 * (1 + Tr::kStages + s); }
+};
+
+// The work of one CTA: key block n_block of (batch, kv_head), and the query blocks
+// [m_begin, m_end) of each of the group's query heads.
+struct BwdTile {
+  int n_block, kv_head, batch;
+  int m_begin, m_end;
+  __device__ __forceinline__ int steps(int group) const { return (m_end - m_begin) * group; }
+};
+
+}  // namespace jaxattn::sm90

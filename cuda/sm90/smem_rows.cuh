@@ -1,0 +1,63 @@
+// Writing wgmma accumulator tiles into 128B-swizzled shared memory (the layout TMA
+// stores and wgmma descriptors read): shared by the forward and backward epilogues
+// and the backward's dS / dQ staging.
+//
+// A chunked tile is [chunks][rows][128 bytes]: chunk c at rows_addr + c * chunk_stride,
+// row r at + r * 128, and the 16-byte unit u of a row stored at unit u ^ (r % 8).
+#pragma once
+
+#include <cstdint>
+
+#include "common/ptx.h"
+
+namespace jaxattn::sm90 {
+
+// Packed 16-bit pairs of an accumulator tile of kCols columns (pk[2 j + h] = columns
+// 8 j + 2 t, + 1 of row row + 8 h; the layout convert_p gives) -> chunked tile of
+// 64-element chunks. row: this thread's h = 0 row (16 warp + g); t = lane % 4.
+template <int kCols>
+__device__ __forceinline__ void store_packed_sw128(const uint32_t (&pk)[kCols / 4], uint32_t rows_addr,
+                                                   uint32_t chunk_stride, int row, int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row + 8 * h;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+      const uint32_t addr = rows_addr + (j / 8) * chunk_stride + r * 128 + (((j % 8) ^ (r % 8)) * 16) + 4 * t;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pk[2 * j + h]) : "memory");
+    }
+  }
+}
+
+// f32 accumulator tile (acc[4 j + 2 h + e]) scaled by mul[h] -> 16-bit chunked tile.
+template <typename Elem, int kCols>
+__device__ __forceinline__ void store_acc_sw128(const float (&acc)[kCols / 2], const float (&mul)[2],
+                                                uint32_t rows_addr, uint32_t chunk_stride, int row, int t) {
+  uint32_t pk[kCols / 4];
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) pk[2 * j + h] = ptx::pack2<Elem>(acc[4 * j + 2 * h] * mul[h], acc[4 * j + 2 * h + 1] * mul[h]);
+  store_packed_sw128<kCols>(pk, rows_addr, chunk_stride, row, t);
+}
+
+// f32 accumulator tile -> f32 chunked tile (32-element chunks), unscaled.
+template <int kCols>
+__device__ __forceinline__ void store_acc_f32_sw128(const float (&acc)[kCols / 2], uint32_t rows_addr,
+                                                    uint32_t chunk_stride, int row, int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row + 8 * h;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+      // Columns 8 j + 2 t, + 1: chunk j / 4, unit 2 (j % 4) + t / 2, byte 8 (t % 2).
+      const uint32_t unit = 2 * (j % 4) + t / 2;
+      const uint32_t addr = rows_addr + (j / 4) * chunk_stride + r * 128 + ((unit ^ (r % 8)) * 16) + 8 * (t % 2);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[4 * j + 2 * h]),
+                   "f"(acc[4 * j + 2 * h + 1])
+                   : "memory");
+    }
+  }
+}
+
+}  // namespace jaxattn::sm90
