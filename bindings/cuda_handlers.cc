@@ -64,25 +64,44 @@ static ffi::Error cuda_fwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
   return to_ffi_error(launch_forward(p, stream, portable_only));
 }
 
+// The backward's dispatch rule, like the forward's.
+static cuda::LaunchStatus launch_backward(const AttnParams& p, cudaStream_t stream, bool portable_only) {
+#ifdef JAXATTN_WITH_SM90
+  int major = 0, minor = 0;
+  if (portable_only) return cuda::flash_bwd_sm80(p, stream);
+  device_cc(&major, &minor);
+  if (cuda::sm90_bwd_supports(p, major, minor)) return cuda::flash_bwd_sm90(p, stream);
+#endif
+  (void)portable_only;
+  return cuda::flash_bwd_sm80(p, stream);
+}
+
 static ffi::Error cuda_bwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
                            ffi::Buffer<ffi::F32> dlse, ffi::Result<ffi::AnyBuffer> dq,
                            ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                            ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
-                           float scale, bool is_causal) {
+                           ffi::Result<ffi::Buffer<ffi::S32>> dq_semaphore, float scale, bool is_causal,
+                           bool portable_only, bool deterministic) {
   AttnParams p;
   if (auto e = fill_backward(p, q, k, v, o, lse, dout, dlse, *dq, *dk, *dv, scale, is_causal); e.failure())
     return e;
   if (auto e = check_cuda_supported(p); e.failure()) return e;
-  // Workspace: dq_accum is q-shaped, dpsum is [..., N, T].
+  // Workspace: dq_accum is q-shaped, dpsum is [..., N, T], dq_semaphore [..., N, ceil(T / 32)].
   if (!same_dims(dq_accum->dimensions(), q.dimensions()))
     return invalid("dq_accum workspace must have the query's shape");
   const int64_t want_dpsum = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q;
   if (static_cast<int64_t>(dpsum->element_count()) != want_dpsum)
     return invalid("dpsum workspace must hold batch * heads * T floats");
+  const int64_t want_sem = static_cast<int64_t>(p.batch) * p.num_heads *
+                           ((p.seqlen_q + kDqSemaphoreRows - 1) / kDqSemaphoreRows);
+  if (static_cast<int64_t>(dq_semaphore->element_count()) != want_sem)
+    return invalid("dq_semaphore workspace must hold batch * heads * ceil(T / 32) int32");
   p.dq_accum = dq_accum->typed_data();
   p.dpsum = dpsum->typed_data();
-  return to_ffi_error(cuda::flash_bwd_sm80(p, stream));
+  p.dq_semaphore = dq_semaphore->typed_data();
+  p.deterministic = deterministic;
+  return to_ffi_error(launch_backward(p, stream, portable_only));
 }
 
 }  // namespace jaxattn
@@ -99,5 +118,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jaxattn::bind_options(
         jaxattn::bind_backward_buffers(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>())
             .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // dq_accum (workspace)
-            .Ret<xla::ffi::Buffer<xla::ffi::F32>>()),  // dpsum (workspace)
+            .Ret<xla::ffi::Buffer<xla::ffi::F32>>()     // dpsum (workspace)
+            .Ret<xla::ffi::Buffer<xla::ffi::S32>>())    // dq_semaphore (workspace)
+        .Attr<bool>("portable_only")   // skip the Hopper kernel
+        .Attr<bool>("deterministic"),  // ordered dQ accumulation: identical bits run to run
     {xla::ffi::Traits::kCmdBufferCompatible});

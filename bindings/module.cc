@@ -18,6 +18,27 @@ static nb::capsule capsule(T* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
+#ifdef JAXATTN_WITH_SM90
+// Params of a call with contiguous tensors at an aligned stand-in address: what the
+// dispatch rules see for XLA's buffers (only sizes, strides and alignment matter).
+static jaxattn::AttnParams stand_in_params(int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
+                                           int head_dim, bool half_precision, bool deterministic) {
+  jaxattn::AttnParams p;
+  p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
+  p.num_heads = num_heads, p.num_heads_k = num_heads_k, p.head_dim = head_dim;
+  p.dtype = half_precision ? jaxattn::DType::kBF16 : jaxattn::DType::kF32;
+  jaxattn::set_contiguous_strides(p);
+  alignas(256) static char stand_in[256];
+  p.q = p.k = p.v = p.dout = stand_in;
+  p.o = stand_in;
+  p.dq = p.dk = p.dv = stand_in;
+  p.lse = p.dq_accum = p.dpsum = reinterpret_cast<float*>(stand_in);
+  p.deterministic = deterministic;
+  p.dq_semaphore = reinterpret_cast<int32_t*>(stand_in);
+  return p;
+}
+#endif
+
 NB_MODULE(_jaxattn, m) {
   m.doc() = "jaxattn's XLA FFI handlers";
   m.def("cpu_targets", []() {
@@ -40,18 +61,24 @@ NB_MODULE(_jaxattn, m) {
   // The CUDA forward's dispatch rule, asked from Python (jaxattn.kernel_for) so
   // that the rule exists once. Buffers are described as XLA hands them over:
   // contiguous, 64-byte aligned (the addresses below are stand-ins).
+  // Which CUDA kernel each pass uses for a call of these sizes on a device of this
+  // compute capability (contiguous, aligned tensors, as XLA gives them): "sm90" or "sm80".
   m.def("cuda_forward_kernel", [](int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
                                   int head_dim, bool half_precision, int cc_major, int cc_minor) -> std::string {
 #ifdef JAXATTN_WITH_SM90
-    jaxattn::AttnParams p;
-    p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
-    p.num_heads = num_heads, p.num_heads_k = num_heads_k, p.head_dim = head_dim;
-    p.dtype = half_precision ? jaxattn::DType::kBF16 : jaxattn::DType::kF32;
-    jaxattn::set_contiguous_strides(p);
-    alignas(256) static char stand_in[256];
-    p.q = p.k = p.v = p.o = stand_in;
-    p.lse = reinterpret_cast<float*>(stand_in);
+    const jaxattn::AttnParams p =
+        stand_in_params(batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim, half_precision, false);
     if (jaxattn::cuda::sm90_fwd_supports(p, cc_major, cc_minor)) return "sm90";
+#endif
+    return "sm80";
+  });
+  m.def("cuda_backward_kernel", [](int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
+                                   int head_dim, bool half_precision, bool deterministic, int cc_major,
+                                   int cc_minor) -> std::string {
+#ifdef JAXATTN_WITH_SM90
+    const jaxattn::AttnParams p = stand_in_params(batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim,
+                                                  half_precision, deterministic);
+    if (jaxattn::cuda::sm90_bwd_supports(p, cc_major, cc_minor)) return "sm90";
 #endif
     return "sm80";
   });

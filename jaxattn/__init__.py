@@ -15,11 +15,12 @@ __version__ = "0.1.0"
 
 def kernel_for(query, key, value, *, is_causal=False, scale=None, implementation=None, platform=None,
                local_window_size=None, query_seq_lengths=None, key_value_seq_lengths=None,
-               logits_soft_cap=None) -> str:
+               logits_soft_cap=None, deterministic=False) -> str:
     """Names the kernel that ``flash_attention`` would use for these arguments.
 
     ``platform`` defaults to ``jax.default_backend()``. Returns e.g.
-    ``"cuda:sm80_flash"``, ``"cpu:flash"`` or ``"reference"``. Raises what
+    ``"cuda:fwd=sm90,bwd=sm90"`` (the kernel of each pass), ``"cpu:flash"``
+    or ``"reference"``. Raises what
     ``flash_attention`` would raise for the same arguments.
     """
     spec = _check_inputs(
@@ -33,10 +34,10 @@ def kernel_for(query, key, value, *, is_causal=False, scale=None, implementation
     if implementation == "cpu":
         return "cpu:flash"
     if implementation == "cuda":
-        return _dispatch.cuda_kernel_name(spec)
+        return _dispatch.cuda_kernel_name(spec, deterministic)
     if implementation == "cuda_sm80":
         return "cuda:fwd=sm80,bwd=sm80"
-    return _dispatch.kernel_for(spec, platform or jax.default_backend())
+    return _dispatch.kernel_for(spec, platform or jax.default_backend(), deterministic)
 
 
 __all__ = ["flash_attention", "kernel_for", "built_with_cuda", "reference", "__version__"]

@@ -14,6 +14,9 @@ import numpy as np
 from ._extension import register_targets
 
 _VMAP = "broadcast_all"
+# Query rows per dQ-ordering counter of the deterministic backward
+# (kDqSemaphoreRows in cuda/common/params.h).
+DQ_SEMAPHORE_ROWS = 32
 
 
 def _attrs(scale: float, is_causal: bool) -> dict:
@@ -82,15 +85,29 @@ def cpu_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None,
     )
 
 
-def cuda_backward(q, k, v, out, lse, dout, dlse, *, scale: float, is_causal: bool):
-    """(dq, dk, dv) from the CUDA kernels; dq_accum and dpsum are workspace outputs."""
+def cuda_backward(q, k, v, out, lse, dout, dlse, *, scale: float, is_causal: bool, portable_only: bool = False,
+                  deterministic: bool = False):
+    """(dq, dk, dv) from the CUDA kernels: the Hopper one where it covers the call,
+    else the portable one (always the portable one with `portable_only`).
+
+    dq_accum, dpsum and dq_semaphore are workspace outputs. `deterministic`
+    orders the dQ accumulation so the gradients are identical bit for bit
+    from run to run."""
     register_targets()
     B, T, N, _ = q.shape
     workspace = (
         jax.ShapeDtypeStruct(q.shape, jnp.float32),  # dq_accum
         jax.ShapeDtypeStruct((B, N, T), jnp.float32),  # dpsum
+        jax.ShapeDtypeStruct((B, N, -(-T // DQ_SEMAPHORE_ROWS)), jnp.int32),  # dq_semaphore
     )
-    dq, dk, dv, _, _ = jax.ffi.ffi_call(
+    dq, dk, dv, *_ = jax.ffi.ffi_call(
         "jaxattn_cuda_bwd", _grad_types(q, k) + workspace, vmap_method=_VMAP
-    )(q, k, v, out, lse, dout, dlse, **_attrs(scale, is_causal))
+    )(q, k, v, out, lse, dout, dlse, **_attrs(scale, is_causal), portable_only=bool(portable_only),
+      deterministic=bool(deterministic))
     return dq, dk, dv
+
+
+def cuda_sm80_backward(q, k, v, out, lse, dout, dlse, *, scale: float, is_causal: bool, deterministic: bool = False):
+    """(dq, dk, dv) from the portable (sm_80+) CUDA kernel only."""
+    return cuda_backward(q, k, v, out, lse, dout, dlse, scale=scale, is_causal=is_causal, portable_only=True,
+                         deterministic=deterministic)

@@ -30,6 +30,7 @@ class _Plan:
     # kernel calls; they are never None inside the kernels when this is set.
     has_lengths: bool = False
     softcap: float | None = None  # logits_soft_cap
+    deterministic: bool = False  # ordered dQ accumulation in the CUDA backward
 
 
 def _reference_forward(q, k, v, q_lengths=None, kv_lengths=None, *, scale, is_causal, window=None,
@@ -48,9 +49,10 @@ def _reference_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_length
 
 
 @functools.lru_cache(maxsize=256)
-def _local(plan: _Plan, cpu, cuda, ref):
+def _local(plan: _Plan, cpu, cuda, ref, cuda_options=()):
     """The kernel of `plan` on one device's arrays, per platform when none is forced.
 
+    `cuda_options`: extra (name, value) keyword pairs of the CUDA function.
     Cached: one function per plan, so its sharded (jitted) wrapper is reused.
     """
     kw = dict(scale=plan.scale, is_causal=plan.is_causal)
@@ -59,7 +61,7 @@ def _local(plan: _Plan, cpu, cuda, ref):
     mkw = dict(kw, window=plan.window, softcap=plan.softcap)
     # The FFI calls' results typed like their inputs inside shard_map.
     cpu = sharding.typed_per_device(functools.partial(cpu, **mkw))
-    cuda = sharding.typed_per_device(functools.partial(cuda, **kw))
+    cuda = sharding.typed_per_device(functools.partial(cuda, **kw, **dict(cuda_options)))
     ref = functools.partial(ref, **mkw)
     if plan.implementation == "cpu":
         return cpu
@@ -87,7 +89,9 @@ def _flash_fwd(q, k, v, q_lengths, kv_lengths, plan: _Plan):
 def _flash_bwd(plan: _Plan, residuals, cotangents):
     q, k, v, out, lse, q_lengths, kv_lengths = residuals
     dout, dlse = cotangents
-    local = _local(plan, _ffi_calls.cpu_backward, _ffi_calls.cuda_backward, _reference_backward)
+    cuda = _ffi_calls.cuda_sm80_backward if plan.implementation == "cuda_sm80" else _ffi_calls.cuda_backward
+    local = _local(plan, _ffi_calls.cpu_backward, cuda, _reference_backward,
+                   (("deterministic", plan.deterministic),))
     lengths = (q_lengths, kv_lengths) if plan.has_lengths else ()
     dq, dk, dv = sharding.partitioned_backward(
         local, q, k, v, out, lse, dout.astype(q.dtype), dlse.astype(jnp.float32), *lengths
@@ -112,6 +116,7 @@ def flash_attention(
     query_seq_lengths=None,
     key_value_seq_lengths=None,
     logits_soft_cap: float | None = None,
+    deterministic: bool = False,
 ):
     """Scaled dot-product attention, memory-efficient, with hand-written kernels.
 
@@ -143,6 +148,12 @@ def flash_attention(
       logits_soft_cap: static positive float ``c`` (not in jax.nn): the
         scaled logits become ``c * tanh(logits / c)`` before masking and
         softmax (the lse residual is of the capped logits).
+
+      deterministic: static bool (not in jax.nn). ``True`` makes the CUDA
+        backward add the query gradient of each key block in a fixed order,
+        so gradients are identical bit for bit from run to run (a little
+        slower); by default the blocks add in whatever order they finish.
+        The CPU kernel and the reference are always deterministic.
 
     A query row that sees no key (a padded row, or a mask that excludes all
     its keys) gets output 0, lse ``-inf`` and zero gradients. (Unlike
@@ -192,6 +203,7 @@ def flash_attention(
             window=spec.window,
             has_lengths=has_lengths,
             softcap=spec.softcap,
+            deterministic=bool(deterministic),
         )
         out, lse = _flash(query, key, value, q_lengths, kv_lengths, plan)
 

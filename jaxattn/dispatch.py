@@ -41,23 +41,24 @@ def _compute_capability() -> tuple[int, int]:
         return 0, 0
 
 
-def cuda_kernel_name(spec: AttentionSpec) -> str:
-    """The CUDA kernels that run `spec` (it must be supported), e.g. 'cuda:fwd=sm90,bwd=sm80'."""
-    fwd = _jaxattn.cuda_forward_kernel(
-        spec.batch, spec.seqlen_q, spec.seqlen_k, spec.num_heads, spec.num_heads_k,
-        spec.head_dim, spec.dtype in CUDA_DTYPES, *_compute_capability(),
-    )
-    return f"cuda:fwd={fwd},bwd=sm80"
+def cuda_kernel_name(spec: AttentionSpec, deterministic: bool = False) -> str:
+    """The CUDA kernels that run `spec` (it must be supported), e.g. 'cuda:fwd=sm90,bwd=sm90'."""
+    sizes = (spec.batch, spec.seqlen_q, spec.seqlen_k, spec.num_heads, spec.num_heads_k, spec.head_dim,
+             spec.dtype in CUDA_DTYPES)
+    cc = _compute_capability()
+    fwd = _jaxattn.cuda_forward_kernel(*sizes, *cc)
+    bwd = _jaxattn.cuda_backward_kernel(*sizes, bool(deterministic), *cc)
+    return f"cuda:fwd={fwd},bwd={bwd}"
 
 
-def kernel_for(spec: AttentionSpec, platform: str) -> str:
+def kernel_for(spec: AttentionSpec, platform: str, deterministic: bool = False) -> str:
     """The kernel `implementation=None` uses for `spec` on `platform` ('cpu', 'cuda' or 'gpu', ...)."""
     if platform == "gpu":  # jax.default_backend() says "gpu" for CUDA devices
         platform = "cuda"
     if platform == "cpu":
         return "cpu:flash"
     if platform == "cuda" and cuda_unsupported_reason(spec) is None:
-        return cuda_kernel_name(spec)
+        return cuda_kernel_name(spec, deterministic)
     return "reference"
 
 

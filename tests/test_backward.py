@@ -73,3 +73,19 @@ def test_gradient_through_lse(impl):
 
 def test_cpu_odd_head_dim_grad():
     check_backward("cpu", 1, 20, 30, 2, 1, 13, jnp.float32, is_causal=False)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_deterministic_flag(impl):
+    """deterministic=True gives the same gradients as the default (bit-identical runs are
+    checked on the GPU in test_gpu.py; the CPU kernel is deterministic either way)."""
+    dtype = dtypes_for(impl)[-1]
+    q, k, v = random_inputs((2, 65, 4, 64), (2, 70, 2, 64), dtype, device=device_for(impl))
+
+    def grads(det):
+        return jax.grad(lambda q, k, v: jnp.sum(jaxattn.flash_attention(
+            q, k, v, is_causal=True, implementation=impl, deterministic=det).astype(jnp.float32) ** 2),
+            argnums=(0, 1, 2))(q, k, v)
+
+    for a, b in zip(grads(True), grads(False)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2e-2, atol=2e-2)

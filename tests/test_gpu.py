@@ -70,21 +70,54 @@ def test_128k_tokens_one_sequence():
         assert bool(jnp.all(jnp.isfinite(x.astype(jnp.float32))))
 
 
+def _hopper_kernels() -> bool:
+    return (_gpu().compute_capability == "9.0"
+            and jaxattn._extension._jaxattn.cuda_forward_kernel(1, 64, 64, 4, 4, 64, True, 9, 0) == "sm90")
+
+
 def test_default_dispatch_on_gpu():
     q, k, v = random_inputs((1, 64, 4, 64), (1, 64, 4, 64), jnp.bfloat16, device=_gpu())
     assert jaxattn.kernel_for(q, k, v).startswith("cuda:")
     assert jaxattn.kernel_for(q, k, v, implementation="cuda_sm80") == "cuda:fwd=sm80,bwd=sm80"
-    if _gpu().compute_capability == "9.0" and jaxattn._extension._jaxattn.cuda_forward_kernel(1, 64, 64, 4, 4, 64, True, 9, 0) == "sm90":
-        assert jaxattn.kernel_for(q, k, v) == "cuda:fwd=sm90,bwd=sm80"
-        # Head dims the Hopper forward does not cover run on the portable kernel.
+    if _hopper_kernels():
+        assert jaxattn.kernel_for(q, k, v) == "cuda:fwd=sm90,bwd=sm90"
+        assert jaxattn.kernel_for(q, k, v, deterministic=True) == "cuda:fwd=sm90,bwd=sm90"
+        # Head dims the Hopper kernels do not cover run on the portable ones.
         q96, k96, v96 = random_inputs((1, 64, 4, 96), (1, 64, 4, 96), jnp.bfloat16, device=_gpu())
         assert jaxattn.kernel_for(q96, k96, v96) == "cuda:fwd=sm80,bwd=sm80"
+        q256, k256, v256 = random_inputs((1, 64, 4, 256), (1, 64, 4, 256), jnp.bfloat16, device=_gpu())
+        assert jaxattn.kernel_for(q256, k256, v256) == "cuda:fwd=sm90,bwd=sm80"
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
     assert jaxattn.kernel_for(q32, k32, v32) == "reference"
     # float32 on the GPU falls back to the reference, and still gives the right answer.
     out = jaxattn.flash_attention(q32, k32, v32)
     ref, _ = reference64.forward(q32, k32, v32, scale=1 / 8, is_causal=False)
     assert _rel(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("impl,H,causal", [("cuda", 128, False), ("cuda", 64, True), ("cuda_sm80", 128, True),
+                                           ("cuda", 256, False)])
+def test_deterministic_gradients_are_identical_bits(impl, H, causal):
+    """deterministic=True: 10 runs give the same bits, and the same values as the default mode."""
+    B, T, N, K = 2, 1100, 8, 2  # 9 key blocks add into every query block; GQA 4
+    q, k, v, dout = random_inputs((B, T, N, H), (B, T, K, H), jnp.bfloat16, device=_gpu(), count=4)
+
+    def grads(deterministic):
+        def loss(q, k, v):
+            out = jaxattn.flash_attention(q, k, v, is_causal=causal, implementation=impl,
+                                          deterministic=deterministic)
+            return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+    f = grads(True)
+    first = [np.asarray(x).view(np.uint16) for x in f(q, k, v)]
+    for _ in range(9):
+        again = f(q, k, v)
+        for a, b in zip(first, again):
+            np.testing.assert_array_equal(a, np.asarray(b).view(np.uint16))
+    default = grads(False)(q, k, v)
+    for a, b in zip(first, default):
+        assert _rel(a.view(jnp.bfloat16).astype(np.float32), np.asarray(b, np.float64)) < 1e-2
 
 
 _GRAPH_SCRIPT = textwrap.dedent("""

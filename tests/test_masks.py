@@ -25,6 +25,14 @@ from conftest import assert_close, plain_attention, random_inputs
 IMPLS = ["cpu", "reference"]
 
 
+@pytest.fixture(autouse=True)
+def _on_cpu():
+    """These tests run the CPU kernel and the reference: arrays live on the CPU even
+    where the default backend is a GPU (the CUDA kernels do not take masks yet)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 def _lengths(values):
     return None if values is None else jnp.asarray(values, jnp.int32)
 
@@ -417,6 +425,7 @@ def test_sharded_batch_with_lengths(shardy, tmp_path):
     script.write_text(_SHARDED.format(shardy=shardy))
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
+    env["JAX_PLATFORMS"] = "cpu"  # 4 simulated CPU devices, also on a GPU machine
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(tmp_path),
                        env=env, timeout=300)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]

@@ -81,6 +81,12 @@ cudaError_t launch_bwd_preprocess(const AttnParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// Zeroes the deterministic mode's dQ ordering counters (a memset node under graph capture).
+inline cudaError_t clear_dq_semaphore(const AttnParams& p, cudaStream_t stream) {
+  const size_t n = size_t(p.batch) * p.num_heads * ((p.seqlen_q + kDqSemaphoreRows - 1) / kDqSemaphoreRows);
+  return n ? cudaMemsetAsync(p.dq_semaphore, 0, n * sizeof(int32_t), stream) : cudaSuccess;
+}
+
 // Enqueues flash_bwd_convert_dq_kernel (grid-stride, capped grid).
 template <typename Elem>
 cudaError_t launch_bwd_convert_dq(const AttnParams& p, cudaStream_t stream) {

@@ -263,6 +263,10 @@ __device__ __forceinline__ void tma_reduce_add_5d(const void* tmap, uint32_t src
       "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
       : "memory");
 }
+// Orders this thread's async-proxy (TMA) global accesses with its generic-proxy ones.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
 // Closes the current group of bulk stores.
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Waits until the bulk store groups of this thread have finished reading shared memory.

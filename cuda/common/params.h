@@ -11,6 +11,10 @@ namespace jaxattn {
 
 enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
+// Query rows per dQ-ordering counter of the deterministic backward (the smallest
+// query block of any backward kernel).
+constexpr int kDqSemaphoreRows = 32;
+
 struct AttnParams {
   // ---- sizes ------------------------------------------------------------
   // batch folds every leading dimension of the buffers (vmap adds some).
@@ -64,6 +68,11 @@ struct AttnParams {
   // ---- workspace (f32, extra outputs of the ffi_call; may be null) -------
   float* dq_accum = nullptr;  // [B, T, N, H] contiguous
   float* dpsum = nullptr;     // [B, N, T] contiguous: rowsum(dout * o) - dlse
+  // Deterministic backward: the key blocks add their dQ into dq_accum in a fixed
+  // order (key block 0, 1, ...), sequenced by one int32 counter per (b, n, block
+  // of kDqSemaphoreRows query rows), which the launcher zeroes. Null otherwise.
+  bool deterministic = false;
+  int32_t* dq_semaphore = nullptr;  // [B, N, ceil(T / kDqSemaphoreRows)]
 
   int group_size() const { return num_heads / num_heads_k; }
 };

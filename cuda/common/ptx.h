@@ -133,4 +133,20 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
 #endif
 }
 
+// Spins until the int32 counter at `addr` (global) reaches `target`; acquire at GPU scope,
+// so what the releasing threads wrote before their increment is visible after.
+__device__ __forceinline__ void wait_counter_geq(const int32_t* addr, int32_t target) {
+  int32_t v;
+  while (true) {
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
+    if (v >= target) break;
+    __nanosleep(32);
+  }
+}
+
+// Adds 1 to the int32 counter at `addr` (global) with release semantics at GPU scope.
+__device__ __forceinline__ void release_counter_inc(int32_t* addr) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(addr) : "memory");
+}
+
 }  // namespace jaxattn::ptx

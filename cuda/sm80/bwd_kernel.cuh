@@ -54,6 +54,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   // above the causal diagonal (every query < n0) skipped.
   const int m_first = causal ? n0 / kBM : 0;
   const int m_blocks = (T + kBM - 1) / kBM;
+  const int sem_blocks = (T + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
+  static_assert(kBM % kDqSemaphoreRows == 0, "dQ ordering counters per query block");
   const int steps_per_head = max(0, m_blocks - m_first);
   const int n_steps = steps_per_head * G;
   auto step_head = [&](int step) { return kv_head * G + step / steps_per_head; };
@@ -122,6 +124,13 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     gemm_ss_atb<Elem, kDqM, kDq8, kBN, kDsPitch, kPitch>(
         dq, ds_addr_t + (step & 1) * kBN * kDsPitch * 2, k_addr_t);
     float* dq_accum = p.dq_accum + (int64_t(b) * T * N + head) * hd;
+    // Deterministic mode: key block n adds after blocks 0 .. n-1 (one count each).
+    int32_t* sem = p.deterministic ? p.dq_semaphore + (int64_t(b) * N + head) * sem_blocks + m0 / kDqSemaphoreRows
+                                   : nullptr;
+    if (sem) {
+      if (threadIdx.x == 0) ptx::wait_counter_geq(sem, n_block);
+      __syncthreads();
+    }
 #pragma unroll
     for (int i = 0; i < kDqM; ++i)
 #pragma unroll
@@ -136,6 +145,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
           }
         }
       }
+    if (sem) {
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) ptx::release_counter_inc(sem);
+    }
   };
 
   for (int step = 0; step < n_steps; ++step) {
@@ -247,6 +261,10 @@ LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream) {
   using Tile = typename BwdTileFor<kHeadDim>::type;
   cudaError_t err = launch_bwd_preprocess<Elem>(p, stream);
   if (err != cudaSuccess) return {err, "flash_bwd_preprocess_sm80"};
+  if (p.deterministic) {
+    err = clear_dq_semaphore(p, stream);
+    if (err != cudaSuccess) return {err, "flash_bwd_sm80 (semaphore memset)"};
+  }
 
   const dim3 grid((p.seqlen_k + Tile::kBlockN - 1) / Tile::kBlockN, p.num_heads_k, p.batch);
   auto launch = [&](auto kernel, const char* name) -> LaunchStatus {

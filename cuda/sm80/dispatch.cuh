@@ -41,6 +41,7 @@ inline bool params_supported(const AttnParams& p, bool backward) {
   if (backward) {
     if (!aligned(p.dout) || !aligned(p.dq) || !aligned(p.dk) || !aligned(p.dv)) return false;
     if (p.dq_accum == nullptr || p.dpsum == nullptr || !aligned(p.dq_accum)) return false;
+    if (p.deterministic && p.dq_semaphore == nullptr) return false;
   } else if (p.lse == nullptr) {
     return false;
   }

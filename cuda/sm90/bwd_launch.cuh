@@ -42,6 +42,11 @@ cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream) {
 
   kp.args.lse = p.lse;
   kp.args.dpsum = p.dpsum;
+  kp.args.dq_semaphore = p.deterministic ? p.dq_semaphore : nullptr;
+  if (p.deterministic) {
+    e = cuda::clear_dq_semaphore(p, stream);
+    if (e != cudaSuccess) return {e, "flash_bwd_sm90 (semaphore memset)"};
+  }
   kp.args.seqlen_q = T;
   kp.args.seqlen_k = S;
   kp.args.num_heads = N;

@@ -20,6 +20,7 @@
 #include <cmath>
 
 #include "common/hopper_ptx.h"
+#include "common/params.h"  // kDqSemaphoreRows
 #include "common/ptx.h"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/fwd_smem.cuh"  // PipeState
@@ -128,6 +129,7 @@ struct BwdMainloop {
     const uint32_t k_rows = sm.k() + wg * 64 * 128, v_rows = sm.v() + wg * 64 * 128;
     const float sl2 = args.scale_log2;
     const int T = args.seqlen_q, S = args.seqlen_k;
+    const int sem_blocks = (T + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
 
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
@@ -231,8 +233,23 @@ struct BwdMainloop {
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
         if (tid == 0) {
+          // Deterministic mode: key block n adds after blocks 0 .. n-1 (two warpgroup
+          // adds each) and waits for its own add to land before counting it.
+          int32_t* sem = args.dq_semaphore
+                             ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
+                                   q_base / kDqSemaphoreRows
+                             : nullptr;
+          if (sem) {
+            ptx::wait_counter_geq(sem, 2 * tile.n_block);
+            hptx::fence_proxy_async_global();
+          }
           hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
           hptx::bulk_commit();
+          if (sem) {
+            hptx::bulk_wait0();
+            hptx::fence_proxy_async_global();
+            ptx::release_counter_inc(sem);
+          }
         }
 
         hptx::wgmma_wait<0>();

@@ -69,6 +69,7 @@ struct BwdTraits {
 struct BwdArgs {
   const float* lse;    // [B, T, N], natural log
   const float* dpsum;  // [B, N, T]: rowsum(dout * o) - dlse
+  int32_t* dq_semaphore;  // deterministic mode: [B, N, ceil(T / kDqSemaphoreRows)]; else null
   int seqlen_q, seqlen_k, num_heads, group;  // group = N / K
   float scale;         // logits scale (dK is scaled here; dQ by the convert kernel)
   float scale_log2;    // scale * log2(e)
