@@ -1,9 +1,11 @@
 """Ring attention checks on 8 simulated CPU devices, run in a subprocess by test_ring.py.
 
-Usage: python ring_worker.py OUT.json [CHECK ...]
+Usage: python ring_worker.py OUT.json [--gpu] [CHECK ...]
 
 XLA_FLAGS must hold --xla_force_host_platform_device_count=8 before jax is
-imported, which is why this runs apart from the rest of the test session. Each
+imported, which is why this runs apart from the rest of the test session.
+With --gpu it runs the GPU checks instead (``gpu_checks``: the CUDA kernels on
+the real GPUs, 2 or more). Each
 check records {"ok": bool, "detail": str} under its name in OUT.json; a check
 that fails (AssertionError) or crashes records why instead of stopping the
 others.
@@ -24,10 +26,12 @@ import re
 import sys
 import traceback
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+GPU = "--gpu" in sys.argv
+if not GPU:
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
@@ -283,12 +287,35 @@ def checks():
     return c
 
 
+def gpu_checks():
+    """The CUDA kernels in the ring, on every ring size the GPUs allow (2, 4, 8)."""
+    c = {}
+    n = len(jax.devices("gpu"))
+    for P_n in (p for p in (2, 4, 8) if p <= n):
+        c[f"gpu_p{P_n}_zigzag_causal_bf16"] = lambda P_n=P_n: check_ring(
+            seq_setup(P_n, "zigzag"), B=2, Tl=256, N=8, K=2, H=64, dtype=jnp.bfloat16, causal=True,
+            impl="cuda", with_lse=True)
+        c[f"gpu_p{P_n}_contiguous_f16"] = lambda P_n=P_n: check_ring(
+            seq_setup(P_n, "contiguous"), B=1, Tl=200, Sl=136, N=4, K=4, H=128, dtype=jnp.float16,
+            impl="cuda")
+        c[f"gpu_p{P_n}_contiguous_causal_default_impl"] = lambda P_n=P_n: check_ring(
+            seq_setup(P_n, "contiguous"), B=1, Tl=130, N=4, K=1, H=64, dtype=jnp.bfloat16, causal=True,
+            impl=None)
+    c["gpu_p2_zigzag_causal_f32_reference_fallback"] = lambda: check_ring(
+        seq_setup(2, "zigzag"), Tl=34, N=4, K=2, H=32, dtype=jnp.float32, causal=True, impl=None)
+    return c
+
+
 def main():
-    out_path = sys.argv[1]
-    only = set(sys.argv[2:])
-    assert jax.device_count() == 8, jax.devices()
+    args = [a for a in sys.argv[1:] if a != "--gpu"]
+    out_path = args[0]
+    only = set(args[1:])
+    if GPU:
+        assert len(jax.devices("gpu")) >= 2, jax.devices()
+    else:
+        assert jax.device_count() == 8, jax.devices()
     results = {}
-    for name, fn in checks().items():
+    for name, fn in (gpu_checks() if GPU else checks()).items():
         if only and name not in only:
             continue
         try:

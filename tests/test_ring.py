@@ -22,7 +22,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxattn
 import reference64
-from conftest import assert_close, plain_attention, random_inputs
+from conftest import CUDA_READY, assert_close, plain_attention, random_inputs
 from jaxattn.ring import layout as ring_layout
 from jaxattn.ring import zigzag_indices, zigzag_permute, zigzag_unpermute
 
@@ -54,17 +54,26 @@ CHECKS = [
 _results: dict = {}
 
 
+def _worker(tmp_dir, gpu: bool = False) -> dict:
+    """Runs ring_worker.py (8 simulated CPU devices, or the GPUs) and returns its results."""
+    out = os.path.join(str(tmp_dir), "ring_gpu.json" if gpu else "ring.json")
+    env = dict(os.environ)
+    if gpu:  # this process may hold most of the GPU memory already
+        env.pop("JAX_PLATFORMS", None)
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    else:
+        env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run([sys.executable, WORKER, out] + (["--gpu"] if gpu else []), cwd=str(tmp_dir),
+                          env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0 or not os.path.exists(out):
+        return {"__error__": proc.stdout[-4000:] + proc.stderr[-4000:]}
+    with open(out) as fh:
+        return json.load(fh)
+
+
 def _run_worker(tmp_dir) -> dict:
     if not _results:
-        out = os.path.join(str(tmp_dir), "ring.json")
-        env = dict(os.environ, JAX_PLATFORMS="cpu")
-        proc = subprocess.run([sys.executable, WORKER, out], cwd=str(tmp_dir), env=env,
-                              capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0 or not os.path.exists(out):
-            _results["__error__"] = proc.stdout[-4000:] + proc.stderr[-4000:]
-        else:
-            with open(out) as fh:
-                _results.update(json.load(fh))
+        _results.update(_worker(tmp_dir))
     return _results
 
 
@@ -85,6 +94,23 @@ def test_ring_8_devices(check, worker_dir):
     assert "__error__" not in res, res.get("__error__")
     assert check in res, f"the worker did not run {check}"
     assert res[check]["ok"], res[check]["detail"]
+
+
+def _gpu_count() -> int:
+    try:
+        return len(jax.devices("gpu"))
+    except RuntimeError:
+        return 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_READY or _gpu_count() < 2, reason="needs 2+ CUDA GPUs and the CUDA kernels")
+def test_ring_gpus(tmp_path):
+    """The CUDA kernels in the ring on the real GPUs (ring_worker.gpu_checks)."""
+    res = _worker(tmp_path, gpu=True)
+    assert "__error__" not in res, res.get("__error__")
+    failed = {k: v["detail"] for k, v in res.items() if not v["ok"]}
+    assert res and not failed, failed
 
 
 # --- The schedule: which (query, key) pairs each ring step computes. ---

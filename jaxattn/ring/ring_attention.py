@@ -10,9 +10,10 @@ before the current block's kernel call, so the two are independent and XLA
 can overlap them.
 
 The backward is a ``custom_vjp`` ring too: the key/value blocks make the
-same trip, each accompanied by its float32 ``(dk, dv)`` accumulator, to
-which every device adds its contribution before passing both on (one more
-hop brings the accumulator home); ``dq`` accumulates locally. The residuals
+same trip, each followed one step behind by its float32 ``(dk, dv)``
+accumulator, to which every device adds its block gradients (computed while
+the accumulator is in flight) before passing it on; one more hop brings the
+accumulator home. ``dq`` accumulates locally. The residuals
 are the local ``q, k, v, out, lse``, and the ring steps run in a
 ``fori_loop`` that holds two key/value blocks at a time, so memory per device
 stays O(T/P) for any ``P``.
