@@ -155,11 +155,11 @@ def check_ring(setup: Setup, *, B=2, Tl=6, Sl=None, N=4, K=2, H=16, dtype=jnp.fl
 
 
 def seq_setup(P, layout, unbatched=False):
-    spec = P_(("seq",), unbatched)
+    spec = _seq_spec(("seq",), unbatched)
     return Setup(_mesh((P,), ("seq",)), "seq", layout, spec, spec, unbatched)
 
 
-def P_(seq_axes, unbatched):
+def _seq_spec(seq_axes, unbatched):
     seq = seq_axes[0] if len(seq_axes) == 1 else seq_axes
     return P(seq) if unbatched else P(None, seq)
 
