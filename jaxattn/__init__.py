@@ -8,7 +8,9 @@ from . import dispatch as _dispatch
 from . import reference
 from ._extension import built_with_cuda
 from ._validation import check_inputs as _check_inputs
+from . import ring
 from .attention import flash_attention
+from .ring import ring_attention
 
 __version__ = "0.1.0"
 
@@ -40,4 +42,4 @@ def kernel_for(query, key, value, *, is_causal=False, scale=None, implementation
     return _dispatch.kernel_for(spec, platform or jax.default_backend(), deterministic)
 
 
-__all__ = ["flash_attention", "kernel_for", "built_with_cuda", "reference", "__version__"]
+__all__ = ["flash_attention", "ring_attention", "ring", "kernel_for", "built_with_cuda", "reference", "__version__"]

@@ -63,6 +63,8 @@ def _local(plan: _Plan, cpu, cuda, ref, cuda_options=()):
     cpu = sharding.typed_per_device(functools.partial(cpu, **mkw))
     cuda = sharding.typed_per_device(functools.partial(cuda, **kw, **dict(cuda_options)))
     ref = functools.partial(ref, **mkw)
+    if plan.implementation == "reference":  # reached from ring attention's blocks
+        return ref
     if plan.implementation == "cpu":
         return cpu
     if plan.implementation in ("cuda", "cuda_sm80"):
@@ -72,11 +74,28 @@ def _local(plan: _Plan, cpu, cuda, ref, cuda_options=()):
     )
 
 
+def forward_kernel(plan: _Plan):
+    """The per-device forward ``(q, k, v[, q_lengths, kv_lengths]) -> (out, lse)`` of `plan`."""
+    cuda = _ffi_calls.cuda_sm80_forward if plan.implementation == "cuda_sm80" else _ffi_calls.cuda_forward
+    return _local(plan, _ffi_calls.cpu_forward, cuda, _reference_forward)
+
+
+def backward_kernel(plan: _Plan, reference_backward=_reference_backward):
+    """The per-device backward ``(q, k, v, out, lse, dout, dlse[, lengths]) -> (dq, dk, dv)``.
+
+    The compiled kernels take the softmax statistics from the given ``out``
+    and ``lse``; `reference_backward` is the pure-JAX one used where they do
+    not run (by default it recomputes them from q, k, v).
+    """
+    cuda = _ffi_calls.cuda_sm80_backward if plan.implementation == "cuda_sm80" else _ffi_calls.cuda_backward
+    return _local(plan, _ffi_calls.cpu_backward, cuda, reference_backward,
+                  (("deterministic", plan.deterministic),))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _flash(q, k, v, q_lengths, kv_lengths, plan: _Plan):
     # q_lengths / kv_lengths: int32 [B] when plan.has_lengths, else None.
-    cuda = _ffi_calls.cuda_sm80_forward if plan.implementation == "cuda_sm80" else _ffi_calls.cuda_forward
-    local = _local(plan, _ffi_calls.cpu_forward, cuda, _reference_forward)
+    local = forward_kernel(plan)
     lengths = (q_lengths, kv_lengths) if plan.has_lengths else ()
     return sharding.partitioned_forward(local, q, k, v, *lengths)
 
@@ -89,9 +108,7 @@ def _flash_fwd(q, k, v, q_lengths, kv_lengths, plan: _Plan):
 def _flash_bwd(plan: _Plan, residuals, cotangents):
     q, k, v, out, lse, q_lengths, kv_lengths = residuals
     dout, dlse = cotangents
-    cuda = _ffi_calls.cuda_sm80_backward if plan.implementation == "cuda_sm80" else _ffi_calls.cuda_backward
-    local = _local(plan, _ffi_calls.cpu_backward, cuda, _reference_backward,
-                   (("deterministic", plan.deterministic),))
+    local = backward_kernel(plan)
     lengths = (q_lengths, kv_lengths) if plan.has_lengths else ()
     dq, dk, dv = sharding.partitioned_backward(
         local, q, k, v, out, lse, dout.astype(q.dtype), dlse.astype(jnp.float32), *lengths

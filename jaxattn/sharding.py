@@ -12,7 +12,7 @@ with sharded inputs, every device runs the kernel on its own shard:
   mesh axes of total size ``d`` need ``K % d == 0`` and the key/value heads
   sharded over the same axes;
 * the sequence dimensions ``T``/``S`` and the head dimension ``H`` never shard
-  (sequence sharding is ring attention, a separate piece): an operand sharded
+  (sequence sharding is ``jaxattn.ring_attention``, inside shard_map): an operand sharded
   there raises instead of being gathered silently.
 
 Both partitioners are covered: Shardy uses the einsum-like ``sharding_rule``
@@ -181,8 +181,8 @@ def _choose(mesh, arg_shapes, names, *, strict: bool):
                     raise NotImplementedError(
                         f"jaxattn.flash_attention: the {names[i]}'s {what} is sharded over "
                         f"mesh axis {_fmt(dims[d])}; only the batch (B) and head (N, K) "
-                        "dimensions can be sharded (sequence sharding needs ring "
-                        "attention, which is not implemented). Replicate that dimension, "
+                        "dimensions can be sharded (for a sharded sequence call "
+                        "jaxattn.ring_attention inside jax.shard_map). Replicate that dimension, "
                         "e.g. PartitionSpec('batch', None, 'heads', None)."
                     )
     used: set = set()
