@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "cpu/decode_handler.h"
 #include "cpu_handlers.h"
 #ifdef JAXATTN_WITH_CUDA
 #include "cuda_handlers.h"
@@ -24,6 +25,7 @@ NB_MODULE(_jaxattn, m) {
     nb::dict d;
     d["jaxattn_cpu_fwd"] = capsule(JaxattnCpuFwd);
     d["jaxattn_cpu_bwd"] = capsule(JaxattnCpuBwd);
+    d["jaxattn_cpu_decode"] = capsule(JaxattnCpuDecode);
     return d;
   });
   m.def("cuda_targets", []() {

@@ -9,6 +9,7 @@ from . import reference
 from ._extension import built_with_cuda
 from ._validation import check_inputs as _check_inputs
 from .attention import flash_attention
+from .decode import decode_attention, decode_kernel_for, update_kv_cache
 
 __version__ = "0.1.0"
 
@@ -39,4 +40,4 @@ def kernel_for(query, key, value, *, is_causal=False, scale=None, implementation
     return _dispatch.kernel_for(spec, platform or jax.default_backend())
 
 
-__all__ = ["flash_attention", "kernel_for", "built_with_cuda", "reference", "__version__"]
+__all__ = ["flash_attention", "kernel_for", "decode_attention", "decode_kernel_for", "update_kv_cache", "built_with_cuda", "reference", "__version__"]
