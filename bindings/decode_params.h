@@ -25,17 +25,22 @@ constexpr int kDecodeMaxQueries = 16;
 constexpr int kDecodeMinPageSize = 16;
 constexpr int kDecodeMaxPageSize = 256;
 
-// q, k_cache, v_cache, kv_lengths, block_table -> o, lse; the options.
+// q, k_cache, v_cache, kv_lengths, block_table -> o, lse.
 template <typename Binding>
-auto bind_decode(Binding b) {
+auto bind_decode_buffers(Binding b) {
   return std::move(b).template Arg<ffi::AnyBuffer>()  // q
       .template Arg<ffi::AnyBuffer>()                 // k_cache
       .template Arg<ffi::AnyBuffer>()                 // v_cache
       .template Arg<ffi::Buffer<ffi::S32>>()          // kv_lengths
       .template Arg<ffi::Buffer<ffi::S32>>()          // block_table
       .template Ret<ffi::AnyBuffer>()                 // o
-      .template Ret<ffi::Buffer<ffi::F32>>()          // lse
-      .template Attr<float>("scale")
+      .template Ret<ffi::Buffer<ffi::F32>>();         // lse
+}
+
+// The options of every decode target (after its buffers).
+template <typename Binding>
+auto bind_decode_options(Binding b) {
+  return std::move(b).template Attr<float>("scale")
       .template Attr<int32_t>("window_left")
       .template Attr<float>("softcap")
       .template Attr<bool>("paged");

@@ -9,8 +9,9 @@ into either cache layout (in place under ``jax.jit`` with donated caches).
 Which implementation runs (``implementation=None``), decided when XLA lowers
 the call: the C++ kernel on CPU (``"cpu"``), the pure-JAX gather-then-attend
 implementation everywhere else (``"xla"``, jaxattn/decode_reference.py).
-There is no CUDA decode kernel yet: ``implementation="cuda"`` raises
-NotImplementedError. ``decode_kernel_for`` names the choice.
+The CUDA split-KV kernel (cuda/decode/) runs only when forced with
+``implementation="cuda"``: it is not on the default path until it has been
+validated on a GPU. ``decode_kernel_for`` names the choice.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import decode_reference
-from ._extension import register_targets
+from ._extension import _jaxattn, built_with_cuda, register_targets
 from ._validation import SUPPORTED_DTYPES, MAX_HEAD_DIM, static_scale, static_softcap, static_window
 
 MAX_QUERIES = 16  # Tq
@@ -132,14 +133,27 @@ def check_decode_inputs(query, key_cache, value_cache, *, kv_lengths, block_tabl
 # ---- dispatch -----------------------------------------------------------------------------
 
 
-def cuda_unsupported_reason(spec: DecodeSpec) -> str:
-    """Why the CUDA decode kernel cannot run `spec` (today: it does not exist yet)."""
-    del spec
-    return "there is no CUDA decode kernel yet (GPUs run the pure-JAX implementation, 'xla')"
+CUDA_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+CUDA_HEAD_DIMS = (64, 128, 256)
+
+
+def cuda_unsupported_reason(spec: DecodeSpec) -> str | None:
+    """Why the CUDA decode kernel cannot run `spec`, or None when it can."""
+    if not built_with_cuda():
+        return "jaxattn was built without CUDA kernels (nvcc was not found at build time)"
+    if spec.dtype not in CUDA_DTYPES:
+        return f"the CUDA decode kernel takes bfloat16 or float16, not {spec.dtype}"
+    if spec.head_dim not in CUDA_HEAD_DIMS:
+        return f"the CUDA decode kernel takes head dims {CUDA_HEAD_DIMS}, got {spec.head_dim}"
+    return None
 
 
 def kernel_for_spec(spec: DecodeSpec, platform: str) -> str:
-    """The implementation `implementation=None` uses on `platform`: 'cpu:decode' or 'xla'."""
+    """The implementation `implementation=None` uses on `platform`: 'cpu:decode' or 'xla'.
+
+    The CUDA decode kernel is not on this path yet (it has not been
+    validated on a GPU): GPUs run 'xla' unless implementation='cuda'.
+    """
     del spec
     return "cpu:decode" if platform == "cpu" else "xla"
 
@@ -160,30 +174,55 @@ def decode_kernel_for(query, key_cache, value_cache, *, kv_lengths, block_table=
         return "cpu:decode"
     if implementation == "xla":
         return "xla"
+    if implementation == "cuda":
+        return "cuda:decode"
     return kernel_for_spec(spec, platform or jax.default_backend())
 
 
 def _check_forced(spec: DecodeSpec, implementation) -> None:
     if implementation == "cuda":
-        raise NotImplementedError(f"implementation='cuda' is unsupported here: {cuda_unsupported_reason(spec)}")
+        reason = cuda_unsupported_reason(spec)
+        if reason is not None:
+            raise NotImplementedError(f"implementation='cuda' is unsupported here: {reason}")
 
 
 # ---- the implementations ------------------------------------------------------------------
 
 
-def _cpu_decode(q, k, v, kv_lengths, block_table, *, spec: DecodeSpec):
-    register_targets()
-    table = block_table if spec.paged else jnp.zeros((1,), jnp.int32)
-    attrs = dict(
+def _decode_attrs(spec: DecodeSpec) -> dict:
+    """The decode targets' attributes, as their exact C++ types."""
+    return dict(
         scale=np.float32(spec.scale),
         window_left=np.int32(-1 if spec.window_left is None else spec.window_left),
         softcap=np.float32(0.0 if spec.softcap is None else spec.softcap),
         paged=bool(spec.paged),
     )
+
+
+# block_table is an unread int32 [1] for a contiguous cache.
+def _cpu_decode(q, k, v, kv_lengths, block_table, *, spec: DecodeSpec):
+    register_targets()
     out_types = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32))
     # The handler takes exactly [B, Tq, N, H]: under vmap, one call per entry.
     return jax.ffi.ffi_call("jaxattn_cpu_decode", out_types, vmap_method="sequential")(
-        q, k, v, kv_lengths, table, **attrs)
+        q, k, v, kv_lengths, block_table, **_decode_attrs(spec))
+
+
+def _cuda_decode(q, k, v, kv_lengths, block_table, *, spec: DecodeSpec):
+    register_targets()
+    B, T, N, H = q.shape
+    K = spec.num_heads_k
+    rows = T * (N // K)
+    splits = _jaxattn.cuda_decode_max_splits(spec.capacity)
+    out_types = (
+        jax.ShapeDtypeStruct(q.shape, q.dtype),
+        jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32),
+        jax.ShapeDtypeStruct((B, K, splits, rows, H), jnp.float32),  # split-KV workspace
+        jax.ShapeDtypeStruct((B, K, splits, rows), jnp.float32),
+    )
+    out, lse, _, _ = jax.ffi.ffi_call("jaxattn_cuda_decode", out_types, vmap_method="sequential")(
+        q, k, v, kv_lengths, block_table, **_decode_attrs(spec))
+    return out, lse
 
 
 def _xla_decode(q, k, v, kv_lengths, block_table, *, spec: DecodeSpec):
@@ -231,7 +270,9 @@ def decode_attention(query, key_cache, value_cache, *, kv_lengths, block_table=N
         ``[B, Tq, N]``.
       implementation: None (per platform: ``"cpu"`` on CPU, ``"xla"``
         elsewhere), ``"cpu"``, ``"xla"`` (pure JAX: gathers the pages, then
-        attends) or ``"cuda"`` (not available yet: NotImplementedError).
+        attends) or ``"cuda"`` (the CUDA split-KV kernel, bfloat16/float16,
+        H in 64/128/256; experimental, NotImplementedError where it cannot
+        run).
 
     Values known only at run time never make the kernels read out of bounds:
     ``kv_lengths`` are clamped to [0, capacity] (capacity = ``S_max`` or
@@ -253,6 +294,8 @@ def decode_attention(query, key_cache, value_cache, *, kv_lengths, block_table=N
     xla = functools.partial(_xla_decode, spec=spec)
     if implementation == "cpu":
         fn = cpu
+    elif implementation == "cuda":
+        fn = functools.partial(_cuda_decode, spec=spec)
     elif implementation == "xla":
         fn = xla
     else:

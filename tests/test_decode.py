@@ -18,9 +18,22 @@ import pytest
 
 import jaxattn
 import reference64
-from conftest import assert_close, gpu, plain_attention
+from conftest import assert_close, device_for, gpu, plain_attention
 
-IMPLS = ["cpu", "xla"]
+# The CUDA kernel is experimental (off the default path): these tests are
+# its validation on a GPU.
+CUDA = pytest.param("cuda", marks=[gpu, pytest.mark.gpu])
+IMPLS = ["cpu", "xla", CUDA]
+
+
+@pytest.fixture(autouse=True)
+def _device_of_impl(request):
+    """New arrays live where the implementation under test runs (the CPU
+    when a test names none)."""
+    callspec = getattr(request.node, "callspec", None)
+    impl = callspec.params.get("impl", "cpu") if callspec else "cpu"
+    with jax.default_device(device_for(impl)):
+        yield
 
 
 # ---- inputs and the float64 reference --------------------------------------------------------
@@ -100,7 +113,14 @@ def reference_decode(q, k_cache, v_cache, lengths, table, *, scale, window_left=
     return out, lse, plain
 
 
+def _dt(impl):
+    """float32, or bfloat16 for the half-only CUDA kernel."""
+    return jnp.bfloat16 if impl == "cuda" else jnp.float32
+
+
 def check(impl, q, k, v, lengths, table, dtype, **kw):
+    if impl == "cuda" and dtype == jnp.float32:  # the CUDA kernel is half-only
+        q, k, v, dtype = q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), jnp.bfloat16
     H = q.shape[-1]
     scale = kw.pop("scale", 1.0 / np.sqrt(H))
     window = kw.get("local_window_size")
@@ -162,6 +182,15 @@ def test_split_kv(monkeypatch, chunk, layout):
     check("cpu", *case, jnp.bfloat16)
 
 
+@pytest.mark.parametrize("impl", ["cpu", CUDA])
+@pytest.mark.parametrize("layout", [None, 64], ids=["contiguous", "page64"])
+@pytest.mark.parametrize("T", [1, 4])
+def test_long_context(impl, layout, T):
+    """Rows long enough to be split (on a GPU: the combine kernel)."""
+    case = make_case(2, T, 8, 2, 128, 4096, jnp.bfloat16, page_size=layout, seed=T, lengths=[4096, 1500])
+    check(impl, *case, jnp.bfloat16)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("window", [0, 5, 100])
 def test_local_window(impl, window):
@@ -199,7 +228,7 @@ def test_queries_before_the_cache_see_nothing(impl):
 @pytest.mark.parametrize("layout", [None, 16], ids=["contiguous", "page16"])
 def test_lengths_are_clamped(impl, layout):
     """Lengths above the capacity act as the capacity, negative ones as 0."""
-    q, k, v, _, table = make_case(3, 2, 4, 2, 64, 64, jnp.float32, page_size=layout)
+    q, k, v, _, table = make_case(3, 2, 4, 2, 64, 64, _dt(impl), page_size=layout)
     big = jnp.asarray([64 + 1, 10**9, -5], jnp.int32)
     out = jaxattn.decode_attention(q, k, v, kv_lengths=big, block_table=table, implementation=impl)
     want = jaxattn.decode_attention(q, k, v, kv_lengths=jnp.asarray([64, 64, 0], jnp.int32),
@@ -211,7 +240,7 @@ def test_lengths_are_clamped(impl, layout):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_page_ids_are_clamped(impl):
     """Page ids outside [0, num_pages) read the nearest page, never out of bounds."""
-    q, k, v, lengths, table = make_case(2, 1, 4, 2, 64, 64, jnp.float32, page_size=16, lengths=[64, 64])
+    q, k, v, lengths, table = make_case(2, 1, 4, 2, 64, 64, _dt(impl), page_size=16, lengths=[64, 64])
     P = k.shape[0]
     bad = np.asarray(table).copy()
     bad[0, 1], bad[1, 0], bad[1, 3] = -7, P, 2**31 - 1
@@ -220,7 +249,7 @@ def test_page_ids_are_clamped(impl):
     want = jaxattn.decode_attention(q, k, v, kv_lengths=lengths, block_table=jnp.asarray(clamped),
                                     implementation=impl)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
-    check(impl, q, k, v, lengths, jnp.asarray(bad), jnp.float32)
+    check(impl, q, k, v, lengths, jnp.asarray(bad), _dt(impl))
 
 
 # ---- bad input ---------------------------------------------------------------------------------
@@ -302,10 +331,19 @@ def test_dispatch_rule():
     assert jaxattn.decode_kernel_for(**a, platform="cuda") == "xla"
     assert jaxattn.decode_kernel_for(**a, platform="cpu", implementation="xla") == "xla"
     assert jaxattn.decode_kernel_for(**a, platform="cuda", implementation="cpu") == "cpu:decode"
-    with pytest.raises(NotImplementedError, match="no CUDA decode kernel"):
-        jaxattn.decode_kernel_for(**a, implementation="cuda")
-    with pytest.raises(NotImplementedError, match="no CUDA decode kernel"):
-        jaxattn.decode_attention(**a, implementation="cuda")
+    # The CUDA kernel runs only when forced, and only where it can.
+    half = {k: (x.astype(jnp.bfloat16) if k in ("query", "key_cache", "value_cache") else x) for k, x in a.items()}
+    if jaxattn.built_with_cuda():
+        assert jaxattn.decode_kernel_for(**half, implementation="cuda") == "cuda:decode"
+        with pytest.raises(NotImplementedError, match="float32"):
+            jaxattn.decode_kernel_for(**a, implementation="cuda")
+        h32 = jnp.ones((6, 16, 2, 32), jnp.bfloat16)
+        with pytest.raises(NotImplementedError, match="head dims"):
+            jaxattn.decode_kernel_for(**_args(query=jnp.ones((2, 1, 4, 32), jnp.bfloat16), key_cache=h32,
+                                              value_cache=h32), implementation="cuda")
+    else:
+        with pytest.raises(NotImplementedError, match="without CUDA"):
+            jaxattn.decode_attention(**half, implementation="cuda")
 
 
 def test_default_runs_the_cpu_kernel_on_cpu():
@@ -405,7 +443,7 @@ def test_update_bad_input():
 # ---- decoding token by token equals causal attention over the sequence ---------------------------
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", ["cpu", "xla"])
 @pytest.mark.parametrize("layout", [None, 16], ids=["contiguous", "page16"])
 def test_incremental_decode_matches_flash_attention(impl, layout):
     """Prefill 5 tokens, then write and attend 1, 3, 1 tokens at a time
@@ -416,7 +454,7 @@ def test_incremental_decode_matches_flash_attention(impl, layout):
     q = jnp.asarray(rng.standard_normal((B, total, N, H)), jnp.float32)
     k = jnp.asarray(rng.standard_normal((B, total, K, H)), jnp.float32)
     v = jnp.asarray(rng.standard_normal((B, total, K, H)), jnp.float32)
-    want = jaxattn.flash_attention(q, k, v, is_causal=True, implementation="cpu")
+    want = jaxattn.flash_attention(q, k, v, is_causal=True)
     if layout is None:
         kc, vc = jnp.zeros((B, 32, K, H), jnp.float32), jnp.zeros((B, 32, K, H), jnp.float32)
         table = None

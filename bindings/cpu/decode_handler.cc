@@ -20,4 +20,5 @@ static ffi::Error cpu_decode(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer 
 
 }  // namespace jaxattn
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxattnCpuDecode, jaxattn::cpu_decode, jaxattn::bind_decode(xla::ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxattnCpuDecode, jaxattn::cpu_decode,
+                              jaxattn::bind_decode_options(jaxattn::bind_decode_buffers(xla::ffi::Ffi::Bind())));
