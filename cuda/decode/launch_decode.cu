@@ -34,15 +34,13 @@ LaunchStatus launch(const AttnParams& p, const DecodePlan& plan, cudaStream_t st
   return {};
 }
 
-// Rows per CTA (1, 2, 4 or 8) and keys per lane-group step (fewer for more
-// rows: registers).
+// Rows per CTA (1, 2, 4 or 8; plan.row_blocks blocks of 8 above 4 rows) and
+// keys per lane-group step (fewer with more rows: registers).
 template <int H, bool kBf16>
-LaunchStatus launch_rows(const AttnParams& p, DecodePlan plan, cudaStream_t stream) {
-  const int rows = plan.rows;
-  if (rows <= 1) return plan.row_blocks = rows, launch<H, 1, 4, kBf16>(p, plan, stream);
-  if (rows <= 2) return plan.row_blocks = 1, launch<H, 2, 4, kBf16>(p, plan, stream);
-  if (rows <= 4) return plan.row_blocks = 1, launch<H, 4, 4, kBf16>(p, plan, stream);
-  plan.row_blocks = ceil_div(rows, 8);
+LaunchStatus launch_rows(const AttnParams& p, const DecodePlan& plan, cudaStream_t stream) {
+  if (plan.rows <= 1) return launch<H, 1, 4, kBf16>(p, plan, stream);
+  if (plan.rows <= 2) return launch<H, 2, 4, kBf16>(p, plan, stream);
+  if (plan.rows <= 4) return launch<H, 4, 4, kBf16>(p, plan, stream);
   return launch<H, 8, 2, kBf16>(p, plan, stream);
 }
 
