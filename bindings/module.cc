@@ -4,9 +4,12 @@
 
 #include <string>
 
+#include "cpu/decode_handler.h"
 #include "cpu_handlers.h"
 #ifdef JAXATTN_WITH_CUDA
+#include "cuda_decode_handler.h"
 #include "cuda_handlers.h"
+#include "decode/launch_decode.h"
 #include "launch.h"
 #endif
 
@@ -45,6 +48,7 @@ NB_MODULE(_jaxattn, m) {
     nb::dict d;
     d["jaxattn_cpu_fwd"] = capsule(JaxattnCpuFwd);
     d["jaxattn_cpu_bwd"] = capsule(JaxattnCpuBwd);
+    d["jaxattn_cpu_decode"] = capsule(JaxattnCpuDecode);
     return d;
   });
   m.def("cuda_targets", []() {
@@ -55,6 +59,7 @@ NB_MODULE(_jaxattn, m) {
 #ifdef JAXATTN_WITH_CUDA
     d["jaxattn_cuda_fwd"] = capsule(JaxattnCudaFwd);
     d["jaxattn_cuda_bwd"] = capsule(JaxattnCudaBwd);
+    d["jaxattn_cuda_decode"] = capsule(JaxattnCudaDecode);
 #endif
     return d;
   });
@@ -83,6 +88,9 @@ NB_MODULE(_jaxattn, m) {
     return "sm80";
   });
 #ifdef JAXATTN_WITH_CUDA
+  // Splits the CUDA decode kernel's workspace must hold for a row capacity
+  // (jaxattn/decode.py sizes the workspace outputs with it).
+  m.def("cuda_decode_max_splits", [](int capacity) { return jaxattn::cuda::decode_max_splits(capacity); });
   m.attr("built_with_cuda") = true;
 #else
   m.attr("built_with_cuda") = false;

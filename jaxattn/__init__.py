@@ -10,6 +10,7 @@ from ._extension import built_with_cuda
 from ._validation import check_inputs as _check_inputs
 from . import ring
 from .attention import flash_attention
+from .decode import decode_attention, decode_kernel_for, update_kv_cache
 from .ring import ring_attention
 
 __version__ = "0.1.0"
@@ -42,4 +43,5 @@ def kernel_for(query, key, value, *, is_causal=False, scale=None, implementation
     return _dispatch.kernel_for(spec, platform or jax.default_backend(), deterministic)
 
 
-__all__ = ["flash_attention", "ring_attention", "ring", "kernel_for", "built_with_cuda", "reference", "__version__"]
+__all__ = ["flash_attention", "ring_attention", "ring", "decode_attention", "decode_kernel_for", "update_kv_cache",
+           "kernel_for", "built_with_cuda", "reference", "__version__"]

@@ -74,6 +74,34 @@ struct AttnParams {
   bool deterministic = false;
   int32_t* dq_semaphore = nullptr;  // [B, N, ceil(T / kDqSemaphoreRows)]
 
+  // ==== decode: attention over a KV cache (jaxattn.decode_attention) =====
+  // Set only by the decode handlers (bindings/decode_params.h); the flash
+  // kernels never read this block. In a decode call:
+  //  * seqlen_q (Tq, 1..16) queries per row are bottom-right aligned: query i
+  //    of row b sits at position kv_lengths[b] - seqlen_q + i and sees keys
+  //    pos - window_left <= j <= pos (is_causal, window_right and q_lengths
+  //    are not used; a query with pos < 0 sees nothing: output 0, lse -inf).
+  //  * seqlen_k is the capacity of one row: S_max (contiguous) or
+  //    max_pages * page_size (paged). kv_lengths (never null) are clamped to
+  //    [0, seqlen_k].
+  //  * Contiguous cache (block_table null): k/v [B, S_max, K, H], strides as
+  //    in the forward. Paged cache: k/v [num_pages, page_size, K, H]; key j of
+  //    row b is row j % page_size of page block_table[b * max_pages + j /
+  //    page_size], an id clamped to [0, num_pages); k_batch_stride /
+  //    v_batch_stride are the page strides. Only the pages holding keys
+  //    below the row's length are looked up.
+  const int32_t* block_table = nullptr;  // int32 [B, max_pages], or null
+  int page_size = 0;                     // keys per page, 16..256 (paged)
+  int max_pages = 0;                     // block_table columns (paged)
+  int num_pages = 0;                     // pages in the cache (paged)
+  // Split-KV workspace (f32, may be null: a kernel that needs it then
+  // allocates its own): partial outputs [B, K, num_splits, Tq * G, H] and
+  // their logsumexp (log2 units) [B, K, num_splits, Tq * G].
+  int num_splits = 0;
+  float* split_o = nullptr;
+  float* split_lse = nullptr;
+  // ==== end of the decode block ============================================
+
   int group_size() const { return num_heads / num_heads_k; }
 };
 

@@ -5,12 +5,14 @@
   the stock flax function otherwise (warning once per reason, ``FallbackWarning``).
 - ``jaxattn.flax.nnx.MultiHeadAttention`` and ``jaxattn.flax.linen.MultiHeadAttention``:
   self-attention layers (GQA, causal, rotary embeddings, logical sharding
-  annotations) built on ``jaxattn.flash_attention``.
+  annotations) built on ``jaxattn.flash_attention``; ``layer(x, cache=KVCache...)``
+  decodes with a KV cache through ``jaxattn.decode_attention``.
 """
 
 from __future__ import annotations
 
 from . import linen, nnx
 from .attention_fn import FallbackWarning, attention_fn
+from .kv_cache import KVCache
 
-__all__ = ["attention_fn", "FallbackWarning", "linen", "nnx"]
+__all__ = ["attention_fn", "FallbackWarning", "KVCache", "linen", "nnx"]

@@ -149,6 +149,18 @@ def multi_head_attention(config: AttentionConfig, params: dict, x: jax.Array, *,
     ``config.rope_theta`` is set, rotate q and k by ``positions`` (default
     0..T-1) before the attention.
     """
+    q, k, v, p = project_qkv(config, params, x, dtype=dtype)
+    if config.rope_theta is not None:
+        if positions is None:
+            positions = jnp.arange(x.shape[-2])
+        q = rotary_embedding(q, positions, config.rope_theta)
+        k = rotary_embedding(k, positions, config.rope_theta)
+    o = attend(q, k, v, is_causal=config.is_causal, attention_fn=attention_fn)
+    return project_out(config, p, o)
+
+
+def project_qkv(config: AttentionConfig, params: dict, x: jax.Array, *, dtype=None):
+    """(q, k, v, params cast to the computation dtype) from x [batch..., T, in_features]."""
     if x.shape[-1] != config.in_features:
         raise ValueError(f"input has {x.shape[-1]} features, the layer expects {config.in_features}")
     if dtype is None:
@@ -162,12 +174,10 @@ def multi_head_attention(config: AttentionConfig, params: dict, x: jax.Array, *,
         y = jnp.einsum("...d,dnh->...nh", x, p[f"{name}_kernel"])
         return y + p[f"{name}_bias"] if config.use_bias else y
 
-    q, k, v = project("query"), project("key"), project("value")
-    if config.rope_theta is not None:
-        if positions is None:
-            positions = jnp.arange(x.shape[-2])
-        q = rotary_embedding(q, positions, config.rope_theta)
-        k = rotary_embedding(k, positions, config.rope_theta)
-    o = attend(q, k, v, is_causal=config.is_causal, attention_fn=attention_fn)
+    return project("query"), project("key"), project("value"), p
+
+
+def project_out(config: AttentionConfig, p: dict, o: jax.Array) -> jax.Array:
+    """The output projection of o [batch..., T, heads, head_dim] (params from project_qkv)."""
     out = jnp.einsum("...nh,nhf->...f", o, p["out_kernel"])
     return out + p["out_bias"] if config.use_bias else out

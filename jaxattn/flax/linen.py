@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from . import _common
+from .kv_cache import KVCache, decode_attention_step
 
 
 class MultiHeadAttention(nn.Module):
@@ -37,9 +38,11 @@ class MultiHeadAttention(nn.Module):
     attention_fn: Callable | None = None
 
     @nn.compact
-    def __call__(self, x: jax.Array, *, positions: jax.Array | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array, *, positions: jax.Array | None = None, cache: KVCache | None = None):
         """Self-attention of x [batch..., T, in_features]; positions [batch..., T]
-        or [T] feed the rotary embedding (default 0..T-1)."""
+        or [T] feed the rotary embedding (default 0..T-1). With ``cache``:
+        KV-cache decoding of the next Tq <= 16 tokens, returns ``(y, cache)``
+        (as the nnx layer)."""
         config = _common.AttentionConfig.create(
             in_features=self.in_features or x.shape[-1], num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
@@ -57,6 +60,10 @@ class MultiHeadAttention(nn.Module):
                 params[f"{name}_bias"] = self.param(
                     f"{name}_bias", _annotated(jax.nn.initializers.zeros, bias_names),
                     config.bias_shape(name), self.param_dtype)
+        if cache is not None:
+            if positions is not None:
+                raise ValueError("with a cache, positions come from cache.lengths: do not pass positions")
+            return decode_attention_step(config, params, x, cache, dtype=self.dtype)
         return _common.multi_head_attention(
             config, params, x, positions=positions, dtype=self.dtype, attention_fn=self.attention_fn,
         )

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _common
+from .kv_cache import KVCache, decode_attention_step
 
 
 class MultiHeadAttention(nnx.Module):
@@ -49,7 +50,7 @@ class MultiHeadAttention(nnx.Module):
         ``functools.partial(jax.nn.dot_product_attention, implementation="cudnn")``.
       rngs: the ``params`` stream initializes the kernels.
 
-    No masks other than causal, no dropout, no decode cache (yet).
+    No masks other than causal, no dropout. KV-cache decoding: ``layer(x, cache=cache)``.
     """
 
     def __init__(
@@ -94,9 +95,18 @@ class MultiHeadAttention(nnx.Module):
             names += [f"{n}_bias" for n in _common.PROJECTIONS]
         return {name: getattr(self, name)[...] for name in names}
 
-    def __call__(self, x: jax.Array, *, positions: jax.Array | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array, *, positions: jax.Array | None = None, cache: KVCache | None = None):
         """Self-attention of x [batch..., T, in_features]; positions [batch..., T]
-        or [T] feed the rotary embedding (default 0..T-1)."""
+        or [T] feed the rotary embedding (default 0..T-1).
+
+        With ``cache`` (a ``jaxattn.flax.KVCache``; causal layers only): x
+        [B, Tq, in_features] are the next Tq <= 16 tokens, at positions
+        ``cache.lengths + 0..Tq-1``; returns ``(y, cache)`` with their keys
+        and values appended (``jaxattn.decode_attention``)."""
+        if cache is not None:
+            if positions is not None:
+                raise ValueError("with a cache, positions come from cache.lengths: do not pass positions")
+            return decode_attention_step(self.config, self.params(), x, cache, dtype=self.dtype)
         return _common.multi_head_attention(
             self.config, self.params(), x, positions=positions, dtype=self.dtype,
             attention_fn=self.attention_fn,

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Decode attention at the memory limit: bytes read per second, Tq = 1.
+
+For each row (batch B, context length L): jaxattn.decode_attention on a
+paged cache (page size 64 by default) and on a contiguous one, beside
+jax.nn.dot_product_attention (cuDNN where it runs, XLA) on the same keys and
+values as a contiguous [B, L, K, H] cache; every row full (kv_lengths = L).
+Default grid (GPU): B in {16, 32, 64}, L in {4K, 16K, 64K}, N = 32 query
+heads over K = 8 KV heads, H = 128, bfloat16; `--cpu` runs a small grid.
+
+Bytes read per call: K and V (B * L * K * H each), Q and O (B * N * H each),
+times the element size. GB/s = bytes / median time; "of peak" divides by the
+read bandwidth measured here (a jitted sum over a 4 GiB buffer on GPUs),
+because the bar is a fraction of what the chip can read.
+
+Timing: jitted, compiled ahead of time, `--warmup` untimed calls, then the
+median of `--reps` calls each ending in block_until_ready. A failing
+implementation (unsupported by cuDNN, out of memory, no such kernel) is
+recorded with its reason and the run goes on. Every implementation's output
+is compared with jaxattn's "xla" path (max |a - b| / max |b| <= 2e-2).
+
+Writes DIR/decode.json and prints a markdown table.
+
+  python3 benchmarks/decode.py                 # GPU grid
+  python3 benchmarks/decode.py --cpu           # CPU smoke grid
+  python3 benchmarks/decode.py --batches 16 --contexts 4096,65536
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def csv_ints(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cpu", action="store_true", help="run on the CPU (small grid)")
+    p.add_argument("--batches", type=csv_ints, default=None)
+    p.add_argument("--contexts", type=csv_ints, default=None)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--queries", type=int, default=1, help="Tq")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", default="results/decode")
+    return p.parse_args(argv)
+
+
+def measure(jax, fn, args, reps, warmup):
+    out = None
+    for _ in range(warmup):
+        out = jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def read_bandwidth(jax, jnp, device, nbytes):
+    """Bytes/s of a jitted reduction over `nbytes` (what the chip can read)."""
+    x = jax.device_put(jnp.ones((nbytes // 4,), jnp.float32), device)
+    fn = jax.jit(lambda x: jnp.sum(x))
+    t, _ = measure(jax, fn, (x,), 10, 2)
+    return nbytes / t
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxattn
+
+    platform = "cpu" if args.cpu else jax.default_backend()
+    device = jax.devices("cpu" if args.cpu else None)[0]
+    batches = args.batches or ([1, 4] if args.cpu else [16, 32, 64])
+    contexts = args.contexts or ([1024, 4096] if args.cpu else [4096, 16384, 65536])
+    dtype = jnp.dtype(args.dtype)
+    N, K, H, ps, T = args.heads, args.kv_heads, args.head_dim, args.page_size, args.queries
+    peak = read_bandwidth(jax, jnp, device, (256 << 20) if args.cpu else (4 << 30))
+    print(f"# {device.device_kind}: measured read bandwidth {peak / 1e9:.0f} GB/s", file=sys.stderr)
+
+    impls = {
+        "jaxattn paged": lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(
+            q, kp, vp, kv_lengths=L, block_table=t),
+        "jaxattn contiguous": lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(q, kc, vc, kv_lengths=L),
+        "jaxattn xla paged": lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(
+            q, kp, vp, kv_lengths=L, block_table=t, implementation="xla"),
+        "cudnn": lambda q, kp, vp, kc, vc, L, t: jax.nn.dot_product_attention(
+            q, kc, vc, key_value_seq_lengths=L, implementation="cudnn"),
+        "xla": lambda q, kp, vp, kc, vc, L, t: jax.nn.dot_product_attention(
+            q, kc, vc, key_value_seq_lengths=L, implementation="xla"),
+    }
+    if args.cpu:
+        del impls["cudnn"]
+    rows = []
+    for B in batches:
+        for L in contexts:
+            key = jax.random.PRNGKey(B * 1000003 + L)
+            k1, k2, k3, k4 = jax.random.split(key, 4)
+            pages = -(-L // ps)
+            q = jax.random.normal(k1, (B, T, N, H), dtype)
+            kc = jax.random.normal(k2, (B, pages * ps, K, H), dtype)
+            vc = jax.random.normal(k3, (B, pages * ps, K, H), dtype)
+            # The same keys as a paged cache, pages shuffled.
+            perm = jax.random.permutation(k4, B * pages).astype(jnp.int32)
+            table = perm.reshape(B, pages)
+            inv = jnp.argsort(perm)
+            kp = kc.reshape(B * pages, ps, K, H)[inv]
+            vp = vc.reshape(B * pages, ps, K, H)[inv]
+            lengths = jnp.full((B,), L, jnp.int32)
+            inputs = [jax.device_put(x, device) for x in (q, kp, vp, kc, vc, lengths, table)]
+            nbytes = (2 * B * L * K * H + 2 * B * T * N * H) * dtype.itemsize
+            row = {"B": B, "L": L, "N": N, "K": K, "H": H, "Tq": T, "page_size": ps, "bytes": nbytes, "impls": {}}
+            ref = None
+            for name in ["jaxattn xla paged"] + [n for n in impls if n != "jaxattn xla paged"]:
+                try:
+                    fn = jax.jit(impls[name]).lower(*inputs).compile()
+                    t, out = measure(jax, fn, inputs, args.reps, args.warmup)
+                    rec = {"ms": t * 1e3, "GB/s": nbytes / t / 1e9, "of_peak": nbytes / t / peak}
+                    if name != "jaxattn xla paged" and ref is not None:
+                        o32, r32 = (np.asarray(x.astype(jnp.float32)) for x in (out, ref))
+                        rec["rel_err"] = float(np.max(np.abs(o32 - r32)) / max(np.max(np.abs(r32)), 1e-30))
+                        rec["check_ok"] = rec["rel_err"] <= 2e-2
+                    else:
+                        ref = out
+                    if name.startswith("jaxattn") and name != "jaxattn xla paged":
+                        rec["kernel"] = jaxattn.decode_kernel_for(
+                            *inputs[:3], kv_lengths=lengths, block_table=table, platform=platform)
+                except Exception as e:  # noqa: BLE001 - record and go on
+                    rec = {"ms": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+                row["impls"][name] = rec
+                print(f"B={B} L={L} {name}: {rec}", file=sys.stderr)
+            rows.append(row)
+            del inputs, q, kc, vc, kp, vp
+    os.makedirs(args.out, exist_ok=True)
+    doc = {"device": device.device_kind, "platform": platform, "read_bandwidth_GBps": peak / 1e9,
+           "dtype": str(dtype), "rows": rows}
+    with open(os.path.join(args.out, "decode.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    names = list(impls)
+    print(f"| B | L | " + " | ".join(f"{n} GB/s (of peak)" for n in names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for r in rows:
+        cells = []
+        for n in names:
+            rec = r["impls"].get(n, {})
+            if rec.get("ms") is None:
+                cells.append("n/a")
+            else:
+                flag = "" if rec.get("check_ok", True) else " MISMATCH"
+                cells.append(f"{rec['GB/s']:.0f} ({rec['of_peak']:.0%}){flag}")
+        print(f"| {r['B']} | {r['L']} | " + " | ".join(cells) + " |")
+    bad = any(not rec.get("check_ok", True) for r in rows for rec in r["impls"].values())
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+// The CPU decode target's XLA FFI handler symbol (jaxattn_cpu_decode).
+#pragma once
+
+#include "xla/ffi/api/api.h"
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxattnCpuDecode);

@@ -1,0 +1,545 @@
+"""jaxattn.decode_attention and jaxattn.update_kv_cache.
+
+The CPU kernel and the pure-JAX ("xla") implementation against a float64
+reference: contiguous and paged caches (random page tables of shuffled
+pages), ragged lengths from 1 to the capacity, GQA groups 1/4/8 and MQA, Tq
+1 and 4, head dims 64/128/256, every dtype; the split-KV path; windows and
+soft caps; run-time clamping of lengths and page ids; bad input; the
+dispatch rule; cache writes (in place under donation); and a token-by-token
+decode that must equal causal flash attention over the whole sequence.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn
+import reference64
+from conftest import assert_close, device_for, gpu, plain_attention
+
+# The CUDA kernel is experimental (off the default path): these tests are
+# its validation on a GPU.
+CUDA = pytest.param("cuda", marks=[gpu, pytest.mark.gpu])
+IMPLS = ["cpu", "xla", CUDA]
+
+
+@pytest.fixture(autouse=True)
+def _device_of_impl(request):
+    """New arrays live where the implementation under test runs (the CPU
+    when a test names none)."""
+    callspec = getattr(request.node, "callspec", None)
+    impl = callspec.params.get("impl", "cpu") if callspec else "cpu"
+    with jax.default_device(device_for(impl)):
+        yield
+
+
+# ---- inputs and the float64 reference --------------------------------------------------------
+
+
+def make_case(B, T, N, K, H, capacity, dtype, *, page_size=None, seed=0, lengths=None):
+    """q, k_cache, v_cache, kv_lengths, block_table (None when contiguous).
+
+    Paged: capacity / page_size pages per row, drawn without replacement
+    from a shuffled pool with spare pages; table entries past a row's
+    length are garbage (never read).
+    """
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, T, N, H)).astype(np.float32)
+    if lengths is None:
+        lengths = rng.integers(1, capacity + 1, B)
+        lengths[0] = capacity
+        if B > 1:
+            lengths[1] = 1
+    lengths = np.asarray(lengths, np.int32)
+    if page_size is None:
+        k = rng.standard_normal((B, capacity, K, H)).astype(np.float32)
+        v = rng.standard_normal((B, capacity, K, H)).astype(np.float32)
+        table = None
+    else:
+        assert capacity % page_size == 0
+        max_pages = capacity // page_size
+        num_pages = B * max_pages + 3
+        k = rng.standard_normal((num_pages, page_size, K, H)).astype(np.float32)
+        v = rng.standard_normal((num_pages, page_size, K, H)).astype(np.float32)
+        table = rng.permutation(num_pages)[: B * max_pages].reshape(B, max_pages).astype(np.int32)
+        for b in range(B):  # pages past the length: out-of-range ids, never looked up
+            used = -(-int(lengths[b]) // page_size)
+            table[b, used:] = 10**6
+    cast = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+    return (cast(q), cast(k), cast(v), jnp.asarray(lengths),
+            None if table is None else jnp.asarray(table))
+
+
+def contiguous64(cache, table):
+    cache = np.asarray(cache.astype(jnp.float32), np.float64)
+    if table is None:
+        return cache
+    t = np.clip(np.asarray(table), 0, cache.shape[0] - 1)
+    B, mp = t.shape
+    return cache[t].reshape(B, mp * cache.shape[1], *cache.shape[2:])
+
+
+def visible64(lengths, T, S, window_left=None):
+    """[B, T, S]: query i of row b at position len - T + i sees keys up to it."""
+    lengths = np.clip(np.asarray(lengths), 0, S)
+    pos = lengths[:, None] - T + np.arange(T)[None]
+    j = np.arange(S)[None, None]
+    vis = j <= pos[..., None]
+    if window_left is not None:
+        vis &= j >= pos[..., None] - window_left
+    return vis
+
+
+def reference_decode(q, k_cache, v_cache, lengths, table, *, scale, window_left=None, softcap=None):
+    """(out, lse) float64, and the plain-JAX yardstick in the input dtype."""
+    k, v = contiguous64(k_cache, table), contiguous64(v_cache, table)
+    q64 = np.asarray(q.astype(jnp.float32), np.float64)
+    B, T, N, H = q64.shape
+    g = N // k.shape[2]
+    s = np.einsum("btnh,bsnh->bnts", q64, np.repeat(k, g, 2)) * scale
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    vis = visible64(lengths, T, k.shape[1], window_left)
+    s = np.where(vis[:, None], s, -np.inf)
+    p, m, l = reference64._probs(s)
+    out = np.einsum("bnts,bsnh->btnh", p, np.repeat(v, g, 2))
+    l, m = l[..., 0], m[..., 0]
+    lse = np.where(l > 0, np.log(np.where(l > 0, l, 1.0)) + m, -np.inf).transpose(0, 2, 1)
+    kd, vd = (jnp.asarray(x, q.dtype) for x in (k, v))
+    plain = plain_attention(q, kd, vd, scale=scale, is_causal=False, mask=vis, softcap=softcap)
+    return out, lse, plain
+
+
+def _dt(impl):
+    """float32, or bfloat16 for the half-only CUDA kernel."""
+    return jnp.bfloat16 if impl == "cuda" else jnp.float32
+
+
+def check(impl, q, k, v, lengths, table, dtype, **kw):
+    if impl == "cuda" and dtype == jnp.float32:  # the CUDA kernel is half-only
+        q, k, v, dtype = q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), jnp.bfloat16
+    H = q.shape[-1]
+    scale = kw.pop("scale", 1.0 / np.sqrt(H))
+    window = kw.get("local_window_size")
+    window = window[0] if isinstance(window, tuple) else window  # the right extent does not matter
+    softcap = kw.get("logits_soft_cap")
+    fn = jax.jit(lambda q, k, v, L, t: jaxattn.decode_attention(
+        q, k, v, kv_lengths=L, block_table=t, scale=scale, return_residual=True, implementation=impl, **kw))
+    out, lse = fn(q, k, v, lengths, table)
+    ref_out, ref_lse, plain = reference_decode(q, k, v, lengths, table, scale=scale, window_left=window,
+                                               softcap=softcap)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == q.shape[:-1] and lse.dtype == jnp.float32
+    assert_close("out", out, plain, ref_out, dtype)
+    lse = np.asarray(lse)
+    empty = np.isneginf(ref_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), empty)
+    np.testing.assert_array_equal(np.asarray(out, np.float32)[empty], 0.0)
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(lse[~empty], ref_lse[~empty], atol=tol, rtol=tol)
+    return empty
+
+
+# ---- against the reference --------------------------------------------------------------------
+
+# (N, K): GQA groups 1, 4, 8 and MQA.
+HEADS = [(2, 2), (8, 2), (8, 1), (4, 1)]
+LAYOUTS = [None, 16, 64]  # contiguous, paged with page size 16 / 64
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["contiguous", "page16", "page64"])
+@pytest.mark.parametrize("heads", HEADS, ids=["g1", "g4", "g8", "mqa"])
+@pytest.mark.parametrize("T", [1, 4])
+def test_matches_reference(impl, layout, heads, T):
+    N, K = heads
+    i = LAYOUTS.index(layout) + HEADS.index(heads)
+    H = (64, 128, 256)[i % 3]
+    dtype = (jnp.float32, jnp.bfloat16, jnp.float16)[(i + T) % 3]
+    capacity = 192 if layout != 64 else 256
+    case = make_case(3, T, N, K, H, capacity, dtype, page_size=layout, seed=7 * i + T)
+    check(impl, *case, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("H", [64, 128, 256, 40])
+def test_dtypes_and_head_dims(dtype, H):
+    case = make_case(2, 2, 4, 2, H, 96, dtype, page_size=32, seed=H)
+    check("cpu", *case, dtype)
+
+
+@pytest.mark.parametrize("chunk", ["64", "128"])
+@pytest.mark.parametrize("layout", [None, 16], ids=["contiguous", "page16"])
+def test_split_kv(monkeypatch, chunk, layout):
+    """Many chunks per row, merged by logsumexp (the chunk size is forced)."""
+    monkeypatch.setenv("JAXATTN_CPU_DECODE_CHUNK", chunk)
+    case = make_case(2, 4, 8, 2, 64, 640, jnp.float32, page_size=layout, seed=3, lengths=[640, 200])
+    check("cpu", *case, jnp.float32)
+    case = make_case(2, 1, 4, 4, 128, 640, jnp.bfloat16, page_size=layout, seed=4, lengths=[65, 639])
+    check("cpu", *case, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("impl", ["cpu", CUDA])
+@pytest.mark.parametrize("layout", [None, 64], ids=["contiguous", "page64"])
+@pytest.mark.parametrize("T", [1, 4])
+def test_long_context(impl, layout, T):
+    """Rows long enough to be split (on a GPU: the combine kernel)."""
+    case = make_case(2, T, 8, 2, 128, 4096, jnp.bfloat16, page_size=layout, seed=T, lengths=[4096, 1500])
+    check(impl, *case, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("window", [0, 5, 100])
+def test_local_window(impl, window):
+    case = make_case(3, 4, 4, 2, 64, 256, jnp.float32, page_size=16, seed=window, lengths=[256, 70, 3])
+    check(impl, *case, jnp.float32, local_window_size=window)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_window_tuple_right_ignored(impl):
+    case = make_case(2, 4, 4, 2, 64, 128, jnp.float32, seed=1)
+    check(impl, *case, jnp.float32, local_window_size=(7, 3))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_soft_cap_and_scale(impl):
+    case = make_case(2, 4, 8, 2, 64, 128, jnp.bfloat16, page_size=32, seed=2)
+    check(impl, *case, jnp.bfloat16, logits_soft_cap=3.0, scale=0.5)
+    case = make_case(2, 1, 8, 2, 64, 128, jnp.float32, seed=3)
+    check(impl, *case, jnp.float32, logits_soft_cap=2.0, local_window_size=16)
+
+
+# ---- run-time values out of range ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_queries_before_the_cache_see_nothing(impl):
+    """kv_lengths < Tq: queries at negative positions give 0 and lse -inf."""
+    case = make_case(3, 4, 4, 2, 64, 64, jnp.float32, page_size=16, lengths=[2, 0, 4])
+    empty = check(impl, *case, jnp.float32)
+    assert empty[0, :2].all() and not empty[0, 2:].any()
+    assert empty[1].all() and not empty[2].any()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("layout", [None, 16], ids=["contiguous", "page16"])
+def test_lengths_are_clamped(impl, layout):
+    """Lengths above the capacity act as the capacity, negative ones as 0."""
+    q, k, v, _, table = make_case(3, 2, 4, 2, 64, 64, _dt(impl), page_size=layout)
+    big = jnp.asarray([64 + 1, 10**9, -5], jnp.int32)
+    out = jaxattn.decode_attention(q, k, v, kv_lengths=big, block_table=table, implementation=impl)
+    want = jaxattn.decode_attention(q, k, v, kv_lengths=jnp.asarray([64, 64, 0], jnp.int32),
+                                    block_table=table, implementation=impl)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    assert np.all(np.asarray(out)[2] == 0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_page_ids_are_clamped(impl):
+    """Page ids outside [0, num_pages) read the nearest page, never out of bounds."""
+    q, k, v, lengths, table = make_case(2, 1, 4, 2, 64, 64, _dt(impl), page_size=16, lengths=[64, 64])
+    P = k.shape[0]
+    bad = np.asarray(table).copy()
+    bad[0, 1], bad[1, 0], bad[1, 3] = -7, P, 2**31 - 1
+    clamped = np.clip(bad, 0, P - 1)
+    out = jaxattn.decode_attention(q, k, v, kv_lengths=lengths, block_table=jnp.asarray(bad), implementation=impl)
+    want = jaxattn.decode_attention(q, k, v, kv_lengths=lengths, block_table=jnp.asarray(clamped),
+                                    implementation=impl)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    check(impl, q, k, v, lengths, jnp.asarray(bad), _dt(impl))
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+
+def _args(**over):
+    q = jnp.ones((2, 1, 4, 64), jnp.float32)
+    kc = jnp.ones((6, 16, 2, 64), jnp.float32)
+    a = dict(query=q, key_cache=kc, value_cache=kc, kv_lengths=jnp.ones((2,), jnp.int32),
+             block_table=jnp.zeros((2, 3), jnp.int32))
+    a.update(over)
+    return a
+
+
+BAD = {
+    "Tq > 16": (dict(query=jnp.ones((2, 17, 4, 64))), "1 to 16 queries"),
+    "rank": (dict(query=jnp.ones((1, 4, 64))), "rank 4"),
+    "int dtype": (dict(query=jnp.ones((2, 1, 4, 64), jnp.int32)), "bfloat16, float16 or float32"),
+    "mixed dtype": (dict(query=jnp.ones((2, 1, 4, 64), jnp.bfloat16)), "one dtype"),
+    "k/v shapes": (dict(value_cache=jnp.ones((6, 16, 1, 64))), "one shape"),
+    "heads": (dict(query=jnp.ones((2, 1, 3, 64))), "multiple of cache heads"),
+    "head dim": (dict(query=jnp.ones((2, 1, 4, 32))), "head dim"),
+    "big head dim": (dict(query=jnp.ones((2, 1, 4, 512)), key_cache=jnp.ones((6, 16, 2, 512)),
+                      value_cache=jnp.ones((6, 16, 2, 512))), "head dim"),
+    "no lengths": (dict(kv_lengths=None), "kv_lengths"),
+    "lengths dtype": (dict(kv_lengths=jnp.ones((2,), jnp.float32)), "int32"),
+    "lengths shape": (dict(kv_lengths=jnp.ones((3,), jnp.int32)), r"shape \(2,\)"),
+    "table dtype": (dict(block_table=jnp.zeros((2, 3), jnp.float32)), "int32"),
+    "table shape": (dict(block_table=jnp.zeros((3, 3), jnp.int32)), "block_table must have shape"),
+    "page size 8": (dict(key_cache=jnp.ones((6, 8, 2, 64)), value_cache=jnp.ones((6, 8, 2, 64))), "page size"),
+    "page size 512": (dict(key_cache=jnp.ones((2, 512, 2, 64)), value_cache=jnp.ones((2, 512, 2, 64))),
+                      "page size"),
+    "page size 24": (dict(key_cache=jnp.ones((2, 24, 2, 64)), value_cache=jnp.ones((2, 24, 2, 64))),
+                     "page size"),
+    "contiguous batch": (dict(block_table=None), "batch"),
+    "window": (dict(local_window_size=-1), "non-negative"),
+    "softcap": (dict(logits_soft_cap=0.0), "positive"),
+    "scale": (dict(scale=jnp.float32(1.0)), "static"),
+    "implementation": (dict(implementation="triton"), "implementation"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input(name):
+    over, match = BAD[name]
+    with pytest.raises(ValueError, match=match):
+        jaxattn.decode_attention(**_args(**over))
+    with pytest.raises(ValueError, match=match):
+        jaxattn.decode_kernel_for(**_args(**over))
+
+
+def test_not_differentiable():
+    a = _args()
+    with pytest.raises(NotImplementedError, match="not differentiable"):
+        jax.grad(lambda q: jaxattn.decode_attention(
+            q, a["key_cache"], a["value_cache"], kv_lengths=a["kv_lengths"], block_table=a["block_table"]).sum())(
+                a["query"])
+
+
+def test_ffi_handler_rejects_bad_buffers():
+    """The C++ handler validates on its own (a caller bypassing the wrapper)."""
+    from jaxattn import decode as d
+
+    a = _args(key_cache=jnp.ones((6, 8, 2, 64)), value_cache=jnp.ones((6, 8, 2, 64)))
+    spec = d.DecodeSpec(batch=2, seqlen_q=1, num_heads=4, num_heads_k=2, head_dim=64, capacity=24,
+                        page_size=8, dtype=jnp.dtype(jnp.float32), scale=1.0, window_left=None, softcap=None)
+    with pytest.raises(Exception, match="page size must be a multiple of 16"):
+        jax.block_until_ready(d._cpu_decode(a["query"], a["key_cache"], a["value_cache"], a["kv_lengths"],
+                                            a["block_table"], spec=spec))
+
+
+# ---- dispatch ----------------------------------------------------------------------------------
+
+
+def test_dispatch_rule():
+    a = _args()
+    assert jaxattn.decode_kernel_for(**a, platform="cpu") == "cpu:decode"
+    assert jaxattn.decode_kernel_for(**a, platform="gpu") == "xla"
+    assert jaxattn.decode_kernel_for(**a, platform="cuda") == "xla"
+    assert jaxattn.decode_kernel_for(**a, platform="cpu", implementation="xla") == "xla"
+    assert jaxattn.decode_kernel_for(**a, platform="cuda", implementation="cpu") == "cpu:decode"
+    # The CUDA kernel runs only when forced, and only where it can.
+    half = {k: (x.astype(jnp.bfloat16) if k in ("query", "key_cache", "value_cache") else x) for k, x in a.items()}
+    if jaxattn.built_with_cuda():
+        assert jaxattn.decode_kernel_for(**half, implementation="cuda") == "cuda:decode"
+        with pytest.raises(NotImplementedError, match="float32"):
+            jaxattn.decode_kernel_for(**a, implementation="cuda")
+        h32 = jnp.ones((6, 16, 2, 32), jnp.bfloat16)
+        with pytest.raises(NotImplementedError, match="head dims"):
+            jaxattn.decode_kernel_for(**_args(query=jnp.ones((2, 1, 4, 32), jnp.bfloat16), key_cache=h32,
+                                              value_cache=h32), implementation="cuda")
+    else:
+        with pytest.raises(NotImplementedError, match="without CUDA"):
+            jaxattn.decode_attention(**half, implementation="cuda")
+
+
+def test_default_runs_the_cpu_kernel_on_cpu():
+    a = _args()
+    hlo = jax.jit(lambda q, k, v, L, t: jaxattn.decode_attention(q, k, v, kv_lengths=L, block_table=t)).lower(
+        a["query"], a["key_cache"], a["value_cache"], a["kv_lengths"], a["block_table"]).as_text()
+    assert "jaxattn_cpu_decode" in hlo
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_default_is_xla():
+    """On a GPU, implementation=None runs the pure-JAX path (no CUDA decode kernel yet)."""
+    dev = jax.devices("gpu")[0]
+    case = [None if x is None else jax.device_put(x, dev)
+            for x in make_case(2, 4, 8, 2, 128, 256, jnp.bfloat16, page_size=64)]
+    assert jaxattn.decode_kernel_for(*case[:3], kv_lengths=case[3], block_table=case[4]) == "xla"
+    check(None, *case, jnp.bfloat16)
+
+
+def test_vmap():
+    q, k, v, lengths, _ = make_case(2, 2, 4, 2, 64, 64, jnp.float32)
+    qs, ks, vs = (jnp.stack([x, x * 0.5]) for x in (q, k, v))
+    ls = jnp.stack([lengths, jnp.maximum(lengths - 3, 0)])
+    out = jax.vmap(lambda q, k, v, L: jaxattn.decode_attention(q, k, v, kv_lengths=L, implementation="cpu"))(
+        qs, ks, vs, ls)
+    for i in range(2):
+        want = jaxattn.decode_attention(qs[i], ks[i], vs[i], kv_lengths=ls[i], implementation="cpu")
+        np.testing.assert_allclose(np.asarray(out[i]), np.asarray(want), rtol=1e-6, atol=1e-6)
+
+
+# ---- writing the cache --------------------------------------------------------------------------
+
+
+def test_update_contiguous():
+    rng = np.random.default_rng(0)
+    cache = jnp.asarray(rng.standard_normal((3, 10, 2, 8)), jnp.float32)
+    new = jnp.asarray(rng.standard_normal((3, 3, 2, 8)), jnp.float32)
+    pos = jnp.asarray([0, 8, -1], jnp.int32)  # row 1 partly past the end, row 2 partly before 0
+    kc, vc = jaxattn.update_kv_cache(cache, cache * 2, new, new * 3, pos)
+    want = np.asarray(cache).copy()
+    for b, p in enumerate([0, 8, -1]):
+        for i in range(3):
+            if 0 <= p + i < 10:
+                want[b, p + i] = np.asarray(new)[b, i]
+    np.testing.assert_array_equal(np.asarray(kc), want)
+    want_v = np.asarray(cache * 2).copy()
+    mask = np.asarray(kc) != np.asarray(cache)
+    want_v[mask] = np.asarray(kc)[mask] * 3
+    np.testing.assert_array_equal(np.asarray(vc), want_v)
+
+
+def test_update_paged():
+    rng = np.random.default_rng(1)
+    P, ps, K, H = 7, 16, 2, 8
+    cache = jnp.asarray(rng.standard_normal((P, ps, K, H)), jnp.bfloat16)
+    table = np.asarray([[3, 0, 5], [6, 1, 99]], np.int32)  # 99: out of range, dropped
+    new = jnp.asarray(rng.standard_normal((2, 4, K, H)), jnp.bfloat16)
+    pos = np.asarray([14, 30], np.int32)
+    kc, _ = jaxattn.update_kv_cache(cache, cache, new, new, jnp.asarray(pos), block_table=jnp.asarray(table))
+    want = np.asarray(cache.astype(jnp.float32)).copy()
+    for b in range(2):
+        for i in range(4):
+            p = pos[b] + i
+            if p // ps < 3 and 0 <= table[b, p // ps] < P:
+                want[table[b, p // ps], p % ps] = np.asarray(new.astype(jnp.float32))[b, i]
+    np.testing.assert_array_equal(np.asarray(kc.astype(jnp.float32)), want)
+
+
+def test_update_in_place_when_donated():
+    cache = jnp.asarray(np.random.default_rng(2).standard_normal((8, 16, 2, 8)), jnp.float32)
+    vcache = cache + 1
+    new = jnp.ones((2, 1, 2, 8), jnp.float32)
+    table = jnp.asarray([[1, 2], [4, 5]], jnp.int32)
+    fn = jax.jit(lambda k, v, n, p, t: jaxattn.update_kv_cache(k, v, n, n, p, block_table=t), donate_argnums=(0, 1))
+    compiled = fn.lower(cache, vcache, new, jnp.zeros((2,), jnp.int32), table).compile()
+    assert "input_output_alias" in compiled.as_text()
+    ptr = cache.unsafe_buffer_pointer()
+    kc, vc = fn(cache, vcache, new, jnp.asarray([3, 20], jnp.int32), table)
+    assert cache.is_deleted()
+    assert kc.unsafe_buffer_pointer() == ptr
+    np.testing.assert_array_equal(np.asarray(kc[1, 3]), 1.0)
+    np.testing.assert_array_equal(np.asarray(kc[5, 4]), 1.0)
+
+
+def test_update_bad_input():
+    c = jnp.ones((2, 16, 2, 8))
+    with pytest.raises(ValueError, match="one dtype"):
+        jaxattn.update_kv_cache(c, c, jnp.ones((2, 1, 2, 8), jnp.bfloat16), jnp.ones((2, 1, 2, 8), jnp.bfloat16),
+                                jnp.zeros((2,), jnp.int32))
+    with pytest.raises(ValueError, match="heads"):
+        jaxattn.update_kv_cache(c, c, jnp.ones((2, 1, 1, 8)), jnp.ones((2, 1, 1, 8)), jnp.zeros((2,), jnp.int32))
+    with pytest.raises(ValueError, match="positions"):
+        jaxattn.update_kv_cache(c, c, jnp.ones((2, 1, 2, 8)), jnp.ones((2, 1, 2, 8)), jnp.zeros((3,), jnp.int32))
+
+
+# ---- decoding token by token equals causal attention over the sequence ---------------------------
+
+
+@pytest.mark.parametrize("impl", ["cpu", "xla"])
+@pytest.mark.parametrize("layout", [None, 16], ids=["contiguous", "page16"])
+def test_incremental_decode_matches_flash_attention(impl, layout):
+    """Prefill 5 tokens, then write and attend 1, 3, 1 tokens at a time
+    (ragged rows): every step's output equals the matching rows of causal
+    attention over the whole sequence."""
+    rng = np.random.default_rng(5)
+    B, N, K, H, total = 2, 8, 2, 64, 10
+    q = jnp.asarray(rng.standard_normal((B, total, N, H)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((B, total, K, H)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((B, total, K, H)), jnp.float32)
+    want = jaxattn.flash_attention(q, k, v, is_causal=True)
+    if layout is None:
+        kc, vc = jnp.zeros((B, 32, K, H), jnp.float32), jnp.zeros((B, 32, K, H), jnp.float32)
+        table = None
+    else:
+        kc, vc = jnp.zeros((6, layout, K, H), jnp.float32), jnp.zeros((6, layout, K, H), jnp.float32)
+        table = jnp.asarray([[4, 1], [0, 5]], jnp.int32)
+    step = jax.jit(lambda kc, vc, nk, nv, qq, pos, t: _step(kc, vc, nk, nv, qq, pos, t, impl), donate_argnums=(0, 1))
+    start = 0
+    for n in (5, 1, 3, 1):
+        sl = slice(start, start + n)
+        pos = jnp.full((B,), start, jnp.int32)
+        kc, vc, out = step(kc, vc, k[:, sl], v[:, sl], q[:, sl], pos, table)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(want[:, sl]), rtol=2e-5, atol=2e-5)
+        start += n
+
+
+def _step(kc, vc, nk, nv, qq, pos, table, impl):
+    kc, vc = jaxattn.update_kv_cache(kc, vc, nk, nv, pos, block_table=table)
+    lengths = pos + nk.shape[1]
+    return kc, vc, jaxattn.decode_attention(qq, kc, vc, kv_lengths=lengths, block_table=table, implementation=impl)
+
+
+# ---- Flax layers: KV-cache decoding ------------------------------------------------------------
+
+
+def _decode_in_steps(call, x, cache, steps):
+    outs = []
+    start = 0
+    for n in steps:
+        y, cache = call(x[:, start:start + n], cache)
+        outs.append(y)
+        start += n
+    return jnp.concatenate(outs, axis=1), cache
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_flax_nnx_cached_decoding_matches_full_forward(paged):
+    """Prefill + token-by-token decoding with the cache equals one causal
+    forward over the whole sequence (GQA, rotary embeddings, biases)."""
+    pytest.importorskip("flax")
+    from flax import nnx
+
+    import jaxattn.flax as jf
+
+    layer = jf.nnx.MultiHeadAttention(32, 4, num_kv_heads=2, head_dim=16, is_causal=True, rope_theta=1e4,
+                                      use_bias=True, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (2, 12, 32))
+    full = layer(x)
+    if paged:
+        cache = jf.KVCache.create_paged(jnp.asarray([[3, 0], [1, 4]]), 5, 16, 2, 16)
+    else:
+        cache = jf.KVCache.create(2, 20, 2, 16)
+    step = nnx.jit(lambda layer, x, cache: layer(x, cache=cache))
+    got, cache = _decode_in_steps(lambda x, c: step(layer, x, c), x, cache, (5, 1, 4, 1, 1))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(full), rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(cache.lengths), [12, 12])
+
+
+def test_flax_linen_cached_decoding_matches_full_forward():
+    pytest.importorskip("flax")
+    import jaxattn.flax as jf
+
+    lin = jf.linen.MultiHeadAttention(num_heads=8, num_kv_heads=1, head_dim=8, is_causal=True, rope_theta=1e4)
+    x = jax.random.normal(jax.random.key(2), (3, 9, 24))
+    variables = lin.init(jax.random.key(0), x)
+    full = lin.apply(variables, x)
+    step = jax.jit(lambda v, x, c: lin.apply(v, x, cache=c), donate_argnums=(2,))
+    got, _ = _decode_in_steps(lambda x, c: step(variables, x, c), x, jf.KVCache.create(3, 16, 1, 8), (4, 1, 3, 1))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(full), rtol=2e-5, atol=2e-5)
+
+
+def test_flax_cache_errors():
+    pytest.importorskip("flax")
+    from flax import nnx
+
+    import jaxattn.flax as jf
+
+    layer = jf.nnx.MultiHeadAttention(16, 2, is_causal=True, rngs=nnx.Rngs(0))
+    x = jnp.ones((1, 2, 16))
+    with pytest.raises(ValueError, match="cache heads"):
+        layer(x, cache=jf.KVCache.create(1, 8, 1, 8))
+    with pytest.raises(ValueError, match="1 to 16 new tokens"):
+        layer(jnp.ones((1, 17, 16)), cache=jf.KVCache.create(1, 32, 2, 8))
+    with pytest.raises(ValueError, match="positions"):
+        layer(x, cache=jf.KVCache.create(1, 8, 2, 8), positions=jnp.arange(2))
+    noncausal = jf.nnx.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="causal"):
+        noncausal(x, cache=jf.KVCache.create(1, 8, 2, 8))
