@@ -59,8 +59,10 @@ if [ -x "$CUOBJDUMP" ]; then
   for o in "$BUILD"/sm90_fwd_hdim*.o "$BUILD"/sm90_bwd_hdim*.o; do
     "$CUOBJDUMP" --dump-sass "$o" >"$o.sass" 2>/dev/null || continue
     [ -f "$o" ] || continue
-    printf "%-16s HGMMA %5d  UTMALDG %3d  UTMASTG %3d  UTMAREDG %3d  LDL/STL %3d  USETMAXREG %3d\n" "$(basename "$o")" \
-      "$(grep -c HGMMA "$o.sass")" "$(grep -c UTMALDG "$o.sass")" "$(grep -c UTMASTG "$o.sass")" "$(grep -c UTMAREDG "$o.sass")" \
+    # "wait0": full wgmma waits; one after every HGMMA means ptxas serialised them.
+    printf "%-16s HGMMA %5d  wait0 %4d  UTMALDG %3d  UTMASTG %3d  UTMAREDG %3d  LDL/STL %3d  USETMAXREG %3d\n" "$(basename "$o")" \
+      "$(grep -c HGMMA "$o.sass")" "$(grep -c 'WARPGROUP.DEPBAR.LE gsb0, 0x0' "$o.sass")" \
+      "$(grep -c UTMALDG "$o.sass")" "$(grep -c UTMASTG "$o.sass")" "$(grep -c UTMAREDG "$o.sass")" \
       "$(grep -cE '\b(LDL|STL)\b' "$o.sass")" "$(grep -c USETMAXREG "$o.sass")"
   done
 fi
