@@ -107,6 +107,12 @@ def main(argv=None):
     }
     if args.cpu:
         del impls["cudnn"]
+    else:
+        # The CUDA split-KV kernel (not on the default path until it wins here).
+        impls["jaxattn cuda paged"] = lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(
+            q, kp, vp, kv_lengths=L, block_table=t, implementation="cuda")
+        impls["jaxattn cuda contiguous"] = lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(
+            q, kc, vc, kv_lengths=L, implementation="cuda")
     rows = []
     for B in batches:
         for L in contexts:

@@ -1,21 +1,16 @@
 // Main loop of the Hopper backward (layout and products in bwd_traits.cuh): the
 // TMA producer (one thread) and the wgmma consumers (one warpgroup per 64 keys).
 //
-// Per query block (step i), in each consumer warpgroup:
-//   1. S^T(i) and dP^T(i) issued back to back; per-query lse and D fetched meanwhile
-//      (one load per lane, spread by shfl).
-//   2. P^T = exp2(S^T scale log2e - lse log2e) once S^T lands (masked only on
-//      boundary / diagonal blocks); dS^T = P^T (dP^T - D) once dP^T lands.
-//   3. dS^T(i) to smem buffer i % 4, announced to the other warpgroup with a named
-//      barrier arrive (no wait); dV += P^T dO and dK += dS^T Q issued (A from
-//      registers) and completed.
-//   4. dQ(i-1) = dS(i-1) K (A: both warpgroups' dS^T of the previous step from smem,
-//      the other's announced a step ago, so the wait is normally free; B: this
-//      warpgroup's half of the head dim of K), then staged in smem and added to the
-//      global accumulator by one thread with a TMA reduce-add.
-// Deferring dQ by a step removes the per-step rendezvous of the two warpgroups, so
-// one's softmax overlaps the other's wgmma; doing it after dV / dK keeps the
-// registers in budget (dK, dV and dQ accumulators only).
+// Per query block (step), in each consumer warpgroup:
+//   1. S^T and dP^T issued back to back (two commit groups); the per-query lse and
+//      D values are fetched meanwhile (one coalesced load per lane, spread by shfl).
+//   2. P^T = exp2(S^T scale log2e - lse log2e) as soon as S^T lands (masked only on
+//      boundary / diagonal blocks); dS^T = P^T (dP^T - D) when dP^T lands.
+//   3. dV += P^T dO issued at once (A from registers); dS^T written to smem; one
+//      barrier of both consumer warpgroups; then dQ = dS K (A: dS^T MN-major from
+//      smem, this warpgroup's half of the head dim) and dK += dS^T Q.
+//   4. dQ (f32) staged in smem and added to the global accumulator by one thread
+//      with a TMA reduce-add, while dK's wgmma finishes.
 // Query rows >= T arrive as zeros (TMA fill) and get lse = +inf, D = 0, so their
 // P and dS are 0 without masking; keys >= S and causal need the mask.
 #pragma once
@@ -121,53 +116,6 @@ struct BwdMainloop {
     return e == 0 ? __shfl_sync(0xffffffffu, v.x, src) : __shfl_sync(0xffffffffu, v.y, src);
   }
 
-  // Named barrier "dS^T in buffer b written by warpgroup w": the writer arrives, the
-  // other warpgroup syncs (256 threads).
-  __device__ __forceinline__ static int ds_ready_bar(int buf, int writer) {
-    return 4 + Tr::kDsBuffers * writer + buf;  // ids 4 .. 11
-  }
-
-  // dQ of a finished step (dS^T in buffer `buf`) into dq_accum rows q_base.. of
-  // `head`: waits for the other warpgroup's dS^T half, wgmma, staging in smem, one
-  // thread's TMA reduce-add (in key-block order in deterministic mode).
-  __device__ __forceinline__ static void dq_step(float (&dq)[kDqRegs], const CUtensorMap* tm_dq,
-                                                 const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args,
-                                                 int buf, int head, int q_base, int wg, int tid) {
-    const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-    hptx::named_bar_sync(ds_ready_bar(buf, wg ^ 1), 256);
-    hptx::wgmma_fence();
-    issue_dq(dq, sm.ds(buf), sm.k(), wg * Tr::kDqCols);
-    hptx::wgmma_commit();
-    const uint32_t dq_stage = sm.dq(wg);
-    if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
-    hptx::wgmma_wait<0>();
-    hptx::reg_fence_array(dq);
-    hptx::named_bar_sync(2 + wg, 128);
-    store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
-    hptx::fence_proxy_async_smem();
-    hptx::named_bar_sync(2 + wg, 128);
-    if (tid == 0) {
-      // Deterministic mode: key block n adds after blocks 0 .. n-1 (two warpgroup
-      // adds each) and waits for its own add to land before counting it.
-      const int sem_blocks = (args.seqlen_q + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
-      int32_t* sem = args.dq_semaphore
-                         ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
-                               q_base / kDqSemaphoreRows
-                         : nullptr;
-      if (sem) {
-        ptx::wait_counter_geq(sem, 2 * tile.n_block);
-        hptx::fence_proxy_async_global();
-      }
-      hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
-      hptx::bulk_commit();
-      if (sem) {
-        hptx::bulk_wait0();
-        hptx::fence_proxy_async_global();
-        ptx::release_counter_inc(sem);
-      }
-    }
-  }
-
   // ---- consumer: every step of a tile -------------------------------------------
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
   template <bool kCausal>
@@ -181,6 +129,7 @@ struct BwdMainloop {
     const uint32_t k_rows = sm.k() + wg * 64 * 128, v_rows = sm.v() + wg * 64 * 128;
     const float sl2 = args.scale_log2;
     const int T = args.seqlen_q, S = args.seqlen_k;
+    const int sem_blocks = (T + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
 
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
@@ -189,17 +138,13 @@ struct BwdMainloop {
 
     hptx::mbar_wait(sm.bar_kv(), 0);
     Pipe pipe;
-    // Steps in order (query head of the group, query block); one more pass after the
-    // last for its dQ (dQ(i) is done in pass i + 1).
-    const int m_count = tile.m_end - tile.m_begin, steps = m_count * args.group;
-    int prev_head = 0, prev_q = 0;
-    for (int step = 0; step <= steps; ++step) {
-      const int ds_buf = step % Tr::kDsBuffers;
-      const int head = tile.kv_head * args.group + (m_count ? step / m_count : 0);
-      const int q_base = (tile.m_begin + (m_count ? step % m_count : 0)) * kBlockM;
-      if (step < steps) {
-        const float* lse_bh = args.lse + (int64_t)tile.batch * T * args.num_heads + head;  // stride N
-        const float* dps_bh = args.dpsum + ((int64_t)tile.batch * args.num_heads + head) * T;
+    int ds_buf = 0;
+    for (int hg = 0; hg < args.group; ++hg) {
+      const int head = tile.kv_head * args.group + hg;
+      const float* lse_bh = args.lse + (int64_t)tile.batch * T * args.num_heads + head;  // stride N
+      const float* dps_bh = args.dpsum + ((int64_t)tile.batch * args.num_heads + head) * T;
+      for (int m = tile.m_begin; m < tile.m_end; ++m) {
+        const int q_base = m * kBlockM;
         // lse (log2 domain; +inf for rows past T or with no key: P = 0) and D for
         // columns 2 lane, 2 lane + 1 of this block.
         float2 lse2, dps2;
@@ -263,29 +208,58 @@ struct BwdMainloop {
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
 
-        // dS^T(i) to smem, announced to the other warpgroup; dV += P^T dO, dK += dS^T Q.
-        store_packed_sw128<kBlockM>(ds, sm.ds(ds_buf) + wg * 64 * 128, 0, warp * 16 + g, t);
-        hptx::fence_proxy_async_smem();
-        hptx::named_bar_arrive(ds_ready_bar(ds_buf, wg), 256);
+        // dV += P^T dO now; dS^T to smem for dQ.
         hptx::wgmma_fence();
         issue_acc_rs(dv, p, do_tile);
+        hptx::wgmma_commit();
+        store_packed_sw128<kBlockM>(ds, sm.ds(ds_buf) + wg * 64 * 128, 0, warp * 16 + g, t);
+        hptx::fence_proxy_async_smem();
+        hptx::named_bar_sync(1, 256);  // both warpgroups' dS^T rows are in smem
+
+        hptx::wgmma_fence();
+        issue_dq(dq, sm.ds(ds_buf), sm.k(), wg * Tr::kDqCols);
+        hptx::wgmma_commit();
         issue_acc_rs(dk, ds, q_tile);
         hptx::wgmma_commit();
+
+        // dQ: staged once its wgmma (and dV's) are done, while dK's runs.
+        hptx::wgmma_wait<1>();
+        hptx::reg_fence_array(dq);
+        hptx::reg_fence_array(p);  // keeps P^T's registers (dV's A operand) live until here
+        const uint32_t dq_stage = sm.dq(wg);
+        if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
+        hptx::named_bar_sync(2 + wg, 128);
+        store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+        hptx::fence_proxy_async_smem();
+        hptx::named_bar_sync(2 + wg, 128);
+        if (tid == 0) {
+          // Deterministic mode: key block n adds after blocks 0 .. n-1 (two warpgroup
+          // adds each) and waits for its own add to land before counting it.
+          int32_t* sem = args.dq_semaphore
+                             ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
+                                   q_base / kDqSemaphoreRows
+                             : nullptr;
+          if (sem) {
+            ptx::wait_counter_geq(sem, 2 * tile.n_block);
+            hptx::fence_proxy_async_global();
+          }
+          hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
+          hptx::bulk_commit();
+          if (sem) {
+            hptx::bulk_wait0();
+            hptx::fence_proxy_async_global();
+            ptx::release_counter_inc(sem);
+          }
+        }
+
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
-        hptx::reg_fence_array(p);   // the A operands stay live until the wgmma are done
-        hptx::reg_fence_array(ds);
+        hptx::reg_fence_array(ds);  // dK's A operand
         release(sm.bar_q_empty(pipe.stage), lane);
-
         pipe.advance();
+        ds_buf ^= 1;
       }
-
-      // dQ of the previous step.
-      if (step > 0)
-        dq_step(dq, tm_dq, sm, tile, args, (step - 1) % Tr::kDsBuffers, prev_head, prev_q, wg, tid);
-      prev_head = head;
-      prev_q = q_base;
     }
   }
 };

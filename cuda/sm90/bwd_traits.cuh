@@ -27,7 +27,7 @@ namespace jaxattn::sm90 {
 //   V   [kChunks][kBlockN][64]          (reused for dV in the epilogue)
 //   Q   [kStages][kChunks][kBlockM][64]
 //   dO  [kStages][kChunks][kBlockM][64]
-//   dS^T [kDsBuffers][kBlockN][kBlockM]  (kBlockM = 64 = one chunk)
+//   dS^T [2][kBlockN][kBlockM]           (double-buffered: kBlockM = 64 = one chunk)
 //   dQ staging [2 warpgroups][kHeadDim/64 chunks][kBlockM][32 floats]
 //   mbarriers: kv_full, q_full[s], q_empty[s]
 template <int kHeadDim_, typename Elem_>
@@ -40,10 +40,6 @@ struct BwdTraits {
   static constexpr int kBlockN = 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
   static constexpr int kStages = 2;
-  // dS^T of step i is read by dQ(i) at the end of step i + 1. With four buffers a
-  // warpgroup can reach its rewrite of buffer i % 4 (step i + 4) only after the other
-  // one has finished reading it, and its barrier arrivals never lap the other's waits.
-  static constexpr int kDsBuffers = 4;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
@@ -61,7 +57,7 @@ struct BwdTraits {
   static constexpr int kOffQ = kOffV + kKVBytes;
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
-  static constexpr int kOffDq = kOffDs + kDsBuffers * kDsBytes;
+  static constexpr int kOffDq = kOffDs + 2 * kDsBytes;
   static constexpr int kOffBar = kOffDq + kConsumerWarpgroups * kDqWgBytes;
   static constexpr int kNumBars = 1 + 2 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
