@@ -32,15 +32,7 @@ def kernel_for(query, key, value, *, is_causal=False, scale=None, implementation
         key_value_seq_lengths=key_value_seq_lengths, logits_soft_cap=logits_soft_cap,
     )
     _dispatch.check_forced(spec, implementation)
-    if implementation == "reference":
-        return "reference"
-    if implementation == "cpu":
-        return "cpu:flash"
-    if implementation == "cuda":
-        return _dispatch.cuda_kernel_name(spec, deterministic)
-    if implementation == "cuda_sm80":
-        return "cuda:fwd=sm80,bwd=sm80"
-    return _dispatch.kernel_for(spec, platform or jax.default_backend(), deterministic)
+    return _dispatch.kernel_for(spec, platform or jax.default_backend(), deterministic, implementation)
 
 
 __all__ = ["flash_attention", "ring_attention", "ring", "decode_attention", "decode_kernel_for", "update_kv_cache",

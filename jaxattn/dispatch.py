@@ -51,8 +51,18 @@ def cuda_kernel_name(spec: AttentionSpec, deterministic: bool = False) -> str:
     return f"cuda:fwd={fwd},bwd={bwd}"
 
 
-def kernel_for(spec: AttentionSpec, platform: str, deterministic: bool = False) -> str:
-    """The kernel `implementation=None` uses for `spec` on `platform` ('cpu', 'cuda' or 'gpu', ...)."""
+def kernel_for(spec: AttentionSpec, platform: str, deterministic: bool = False,
+               implementation: str | None = None) -> str:
+    """The kernel that runs `spec` on `platform` ('cpu', 'cuda' or 'gpu', ...) with
+    `implementation` (None: the per-platform choice; a forced one must be able to run it)."""
+    if implementation == "reference":
+        return "reference"
+    if implementation == "cpu":
+        return "cpu:flash"
+    if implementation == "cuda_sm80":
+        return "cuda:fwd=sm80,bwd=sm80"
+    if implementation == "cuda":
+        return cuda_kernel_name(spec, deterministic)
     if platform == "gpu":  # jax.default_backend() says "gpu" for CUDA devices
         platform = "cuda"
     if platform == "cpu":

@@ -14,8 +14,17 @@ namespace jaxattn::sm90 {
 // S -> softmax -> PV one block after the other (simplest, for checking). The
 // *Pingpong forms add turn-taking of the two consumer warpgroups' wgmma issue.
 // kDefault: the measured best for the head dim (see default_variant).
-enum class FwdVariant : int { kOverlap = 0, kSerial = 1, kOverlapPingpong = 2, kSerialPingpong = 3, kDefault = 4 };
-constexpr int kNumFwdVariants = 4;  // the explicit ones
+// kOverlap3: kOverlap with three consumer warpgroups (192-row tiles) at head dim 64;
+// the same as kOverlap at other head dims.
+enum class FwdVariant : int {
+  kOverlap = 0,
+  kSerial = 1,
+  kOverlapPingpong = 2,
+  kSerialPingpong = 3,
+  kOverlap3 = 4,
+  kDefault = 5
+};
+constexpr int kNumFwdVariants = 5;  // the explicit ones
 
 // Launches the forward for one head dim / element type; `p` already validated.
 template <int kHeadDim, typename Elem>

@@ -23,9 +23,10 @@ inline FwdVariant default_variant(int head_dim, bool causal) {
   return head_dim <= 128 ? FwdVariant::kOverlapPingpong : FwdVariant::kOverlap;
 }
 
-template <int kHeadDim, typename Elem>
-cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant variant) {
-  using Tr = FwdTraits<kHeadDim, Elem>;
+// Builds the tensor maps for the tile shape of Tr and launches `kernel` on its grid.
+template <class Tr>
+cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*kernel)(const FwdParams)) {
+  constexpr int kHeadDim = Tr::kHeadDim;
   const char* name = "flash_fwd_sm90";
   FwdParams kp;
   cudaError_t e;
@@ -50,28 +51,42 @@ cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant 
   kp.args.scale = p.scale;
   kp.args.scale_log2 = p.scale * static_cast<float>(M_LOG2E);
 
-  void (*kernel)(const FwdParams);
-  if (variant == FwdVariant::kDefault) variant = default_variant(kHeadDim, p.is_causal);
-  switch (variant) {
-    case FwdVariant::kSerial:
-      kernel = p.is_causal ? flash_fwd_sm90_kernel<Tr, true, false, false> : flash_fwd_sm90_kernel<Tr, false, false, false>;
-      break;
-    case FwdVariant::kOverlapPingpong:
-      kernel = p.is_causal ? flash_fwd_sm90_kernel<Tr, true, true, true> : flash_fwd_sm90_kernel<Tr, false, true, true>;
-      break;
-    case FwdVariant::kSerialPingpong:
-      kernel = p.is_causal ? flash_fwd_sm90_kernel<Tr, true, false, true> : flash_fwd_sm90_kernel<Tr, false, false, true>;
-      break;
-    default:
-      kernel = p.is_causal ? flash_fwd_sm90_kernel<Tr, true, true, false> : flash_fwd_sm90_kernel<Tr, false, true, false>;
-  }
-
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (e != cudaSuccess) return {e, name};
   const dim3 grid((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.num_heads, p.batch);
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
   e = cudaGetLastError();
   return {e, e == cudaSuccess ? "" : name};
+}
+
+// The kernel instantiation (causal x schedule) for a tile shape.
+template <class Tr, bool kOverlap, bool kPingpong>
+auto fwd_kernel_for(bool causal) -> void (*)(const FwdParams) {
+  return causal ? flash_fwd_sm90_kernel<Tr, true, kOverlap, kPingpong>
+                : flash_fwd_sm90_kernel<Tr, false, kOverlap, kPingpong>;
+}
+
+template <int kHeadDim, typename Elem>
+cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant variant) {
+  using Tr = FwdTraits<kHeadDim, Elem>;
+  if (variant == FwdVariant::kDefault) variant = default_variant(kHeadDim, p.is_causal);
+  const bool c = p.is_causal;
+  switch (variant) {
+    case FwdVariant::kSerial:
+      return launch_fwd<Tr>(p, stream, fwd_kernel_for<Tr, false, false>(c));
+    case FwdVariant::kOverlapPingpong:
+      return launch_fwd<Tr>(p, stream, fwd_kernel_for<Tr, true, true>(c));
+    case FwdVariant::kSerialPingpong:
+      return launch_fwd<Tr>(p, stream, fwd_kernel_for<Tr, false, true>(c));
+    case FwdVariant::kOverlap3:
+      if constexpr (kHeadDim == 64) {
+        using Tr3 = FwdTraits<kHeadDim, Elem, 3>;
+        return launch_fwd<Tr3>(p, stream, fwd_kernel_for<Tr3, true, false>(c));
+      }
+      [[fallthrough]];
+    default:
+      return launch_fwd<Tr>(p, stream, fwd_kernel_for<Tr, true, false>(c));
+  }
 }
 
 }  // namespace jaxattn::sm90

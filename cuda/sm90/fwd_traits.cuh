@@ -16,19 +16,23 @@ namespace jaxattn::sm90 {
 //   K  [kStages][kChunks][kBlockN][64]
 //   V  [kStages][kChunks][kBlockN][64]
 //   mbarriers: q_full, k_full[s], k_empty[s], v_full[s], v_empty[s]
-template <int kHeadDim_, typename Elem_>
+// kConsumerWarpgroups = 2 (128-row tiles) everywhere; 3 (192-row tiles, 160 registers
+// per consumer thread) fits at head dim 64 only (O 32 + S 64 + P 32 registers).
+template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2>
 struct FwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
 
-  static constexpr int kConsumerWarpgroups = 2;  // each owns 64 query rows
+  static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;  // each owns 64 query rows
+  static_assert(kConsumerWarpgroups == 2 || (kConsumerWarpgroups == 3 && kHeadDim == 64), "warpgroups");
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
   static constexpr int kStages = kHeadDim <= 64 ? 3 : 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  static constexpr int kProducerRegs = 24;   // 24*128 + 240*256 = 64512 <= 65536
-  static constexpr int kConsumerRegs = 240;
+  // 24*128 + 240*256 = 64512 and 24*128 + 160*384 = 64512 <= 65536
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
 
   static constexpr int kChunks = kHeadDim / 64;       // 128-byte column chunks
   static constexpr int kChunkRowBytes = 128;

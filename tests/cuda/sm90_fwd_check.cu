@@ -44,6 +44,7 @@ static const char* variant_name(FwdVariant v) {
     case FwdVariant::kSerial: return "serial";
     case FwdVariant::kOverlapPingpong: return "ovl+pp";
     case FwdVariant::kSerialPingpong: return "ser+pp";
+    case FwdVariant::kOverlap3: return "ovl 3wg";
     default: return "default";
   }
 }
