@@ -9,9 +9,18 @@
 
 namespace jaxattn::sm90 {
 
+// How the two consumer warpgroups share dQ = dS K (BwdTraits::kSplitKeys):
+// kSplitHeadDim everywhere; kSplitKeys at head dim 64 (elsewhere the same as
+// kSplitHeadDim). kDefault: the measured best (see default_bwd_variant).
+enum class BwdVariant : int { kSplitHeadDim = 0, kSplitKeys = 1, kDefault = 2 };
+constexpr int kNumBwdVariants = 2;  // the explicit ones
+
 // Enqueues preprocess, the main kernel and the dQ conversion; `p` already validated.
 template <int kHeadDim, typename Elem>
-cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream);
+cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant variant);
+
+// flash_bwd_sm90 with a chosen variant.
+cuda::LaunchStatus flash_bwd_sm90_variant(const AttnParams& p, cudaStream_t stream, BwdVariant variant);
 
 // Whether the Hopper backward has kernels for this head dim (the dispatch list).
 bool bwd_head_dim_supported(int head_dim);

@@ -16,9 +16,16 @@
 
 namespace jaxattn::sm90 {
 
-template <int kHeadDim, typename Elem>
-cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream) {
-  using Tr = BwdTraits<kHeadDim, Elem>;
+// The variant flash_bwd_sm90 uses (kDefault), from H200 measurements.
+inline BwdVariant default_bwd_variant(int head_dim) {
+  (void)head_dim;
+  return BwdVariant::kSplitHeadDim;
+}
+
+template <class Tr>
+cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
+  using Elem = typename Tr::Elem;
+  constexpr int kHeadDim = Tr::kHeadDim;
   const char* name = "flash_bwd_sm90";
   cudaError_t e = cuda::launch_bwd_preprocess<Elem>(p, stream);
   if (e != cudaSuccess) return {e, "flash_bwd_preprocess"};
@@ -67,10 +74,20 @@ cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream) {
   return {e, e == cudaSuccess ? "" : "flash_bwd_convert_dq"};
 }
 
+template <int kHeadDim, typename Elem>
+cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant variant) {
+  if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim);
+  if constexpr (kHeadDim == 64) {
+    if (variant == BwdVariant::kSplitKeys) return launch_bwd<BwdTraits<kHeadDim, Elem, true>>(p, stream);
+  }
+  return launch_bwd<BwdTraits<kHeadDim, Elem, false>>(p, stream);
+}
+
 }  // namespace jaxattn::sm90
 
 // Explicit instantiations for one head dim, both element types.
 #define JAXATTN_SM90_BWD_INSTANTIATE(HD)                                                                  \
-  template jaxattn::cuda::LaunchStatus jaxattn::sm90::run_bwd<HD, __nv_bfloat16>(const jaxattn::AttnParams&, \
-                                                                                  cudaStream_t);            \
-  template jaxattn::cuda::LaunchStatus jaxattn::sm90::run_bwd<HD, __half>(const jaxattn::AttnParams&, cudaStream_t);
+  template jaxattn::cuda::LaunchStatus jaxattn::sm90::run_bwd<HD, __nv_bfloat16>(                        \
+      const jaxattn::AttnParams&, cudaStream_t, jaxattn::sm90::BwdVariant);                               \
+  template jaxattn::cuda::LaunchStatus jaxattn::sm90::run_bwd<HD, __half>(const jaxattn::AttnParams&,       \
+                                                                          cudaStream_t, jaxattn::sm90::BwdVariant);

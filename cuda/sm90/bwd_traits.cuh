@@ -30,11 +30,17 @@ namespace jaxattn::sm90 {
 //   dS^T [2][kBlockN][kBlockM]           (double-buffered: kBlockM = 64 = one chunk)
 //   dQ staging [2 warpgroups][kHeadDim/64 chunks][kBlockM][32 floats]
 //   mbarriers: kv_full, q_full[s], q_empty[s]
-template <int kHeadDim_, typename Elem_>
+// kSplitKeys: how the two warpgroups share dQ = dS K. false: each computes half of the
+// head dim over all 128 keys (needs the other's dS^T half: a barrier of both
+// warpgroups every step); true: each computes all of the head dim over its own 64 keys
+// and both add into dq_accum (no shared barrier; dQ registers = H / 2, so head dim 64).
+template <int kHeadDim_, typename Elem_, bool kSplitKeys_ = false>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kSplitKeys = kSplitKeys_;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim");
+  static_assert(!kSplitKeys || kHeadDim == 64, "split-keys dQ fits the registers at head dim 64");
 
   static constexpr int kConsumerWarpgroups = 2;  // each owns 64 keys
   static constexpr int kBlockN = 64 * kConsumerWarpgroups;
@@ -45,7 +51,7 @@ struct BwdTraits {
   static constexpr int kConsumerRegs = 240;
 
   static constexpr int kChunks = kHeadDim / 64;
-  static constexpr int kDqCols = kHeadDim / 2;         // dQ columns per warpgroup
+  static constexpr int kDqCols = kSplitKeys ? kHeadDim : kHeadDim / 2;  // dQ columns per warpgroup
   static constexpr int kDqChunks = kDqCols / 32;       // f32 chunks of them
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;

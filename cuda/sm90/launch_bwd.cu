@@ -11,6 +11,18 @@ namespace jaxattn::sm90 {
 
 bool bwd_head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
 
+cuda::LaunchStatus flash_bwd_sm90_variant(const AttnParams& p, cudaStream_t stream, BwdVariant variant) {
+  const bool bf16 = p.dtype == DType::kBF16;
+  switch (p.head_dim) {
+    case 64:
+      return bf16 ? run_bwd<64, __nv_bfloat16>(p, stream, variant) : run_bwd<64, __half>(p, stream, variant);
+    case 128:
+      return bf16 ? run_bwd<128, __nv_bfloat16>(p, stream, variant) : run_bwd<128, __half>(p, stream, variant);
+    default:
+      return {cudaErrorInvalidValue, "flash_bwd_sm90 (unsupported head dim)"};
+  }
+}
+
 }  // namespace jaxattn::sm90
 
 namespace jaxattn::cuda {
@@ -41,15 +53,7 @@ bool sm90_bwd_supports(const AttnParams& p, int cc_major, int cc_minor) {
 }
 
 LaunchStatus flash_bwd_sm90(const AttnParams& p, cudaStream_t stream) {
-  const bool bf16 = p.dtype == DType::kBF16;
-  switch (p.head_dim) {
-    case 64:
-      return bf16 ? sm90::run_bwd<64, __nv_bfloat16>(p, stream) : sm90::run_bwd<64, __half>(p, stream);
-    case 128:
-      return bf16 ? sm90::run_bwd<128, __nv_bfloat16>(p, stream) : sm90::run_bwd<128, __half>(p, stream);
-    default:
-      return {cudaErrorInvalidValue, "flash_bwd_sm90 (unsupported head dim)"};
-  }
+  return sm90::flash_bwd_sm90_variant(p, stream, sm90::BwdVariant::kDefault);
 }
 
 }  // namespace jaxattn::cuda

@@ -7,9 +7,11 @@
 // no non-finite value, nothing clobbered, relative Frobenius error of each
 // gradient within 2x of the portable kernel's own error plus 1e-3); large ones
 // against the portable kernel (relative Frobenius difference < 1e-2).
+// Every Hopper variant (BwdVariant) is checked and timed.
 // Bench: B*T = 16384, N*H = 2048, T in {1024, 4096, 16384}, H 64/128, causal and
-// not, bf16: sm90 vs sm80 backward (preprocess + main + dQ conversion), median of
-// 10 timed calls after warm-up; TFLOP/s = 2.5 * 4 B N T S H (halved when causal).
+// not, bf16: sm90 (each variant, default) vs sm80 backward (preprocess + main + dQ
+// conversion), median of 10 timed calls after warm-up; TFLOP/s = 2.5 * 4 B N T S H
+// (halved when causal).
 //
 // Usage: sm90_bwd_check [--quick] [--no-bench] [--no-check] [--log FILE]
 #include <cuda_bf16.h>
@@ -24,10 +26,14 @@
 #include "check_util.h"
 #include "common/params.h"
 #include "launch.h"
+#include "sm90/bwd_dispatch.h"
 
 using jaxattn::AttnParams;
 using jaxattn::DType;
+using jaxattn::sm90::BwdVariant;
 namespace jc = jaxattn::cuda;
+static constexpr int kNV = jaxattn::sm90::kNumBwdVariants;
+static const char* variant_name(int v) { return v == 0 ? "split-hd" : v == 1 ? "split-keys" : "default"; }
 
 static FILE* g_log = stdout;
 static constexpr size_t kGuard = 4096;  // poisoned elements after each gradient
@@ -158,9 +164,9 @@ static double frob(const std::vector<float>& got, const std::vector<W>& want, co
 }
 
 struct CaseResult {
-  double err90[3] = {0, 0, 0}, err80[3] = {0, 0, 0};  // dq, dk, dv
+  double err90[kNV][3] = {}, err80[3] = {0, 0, 0};  // per sm90 variant; dq, dk, dv
   long clobbered = 0, nonfinite = 0;
-  bool with_ref = false, ok = false;
+  bool ok[kNV] = {};
 };
 
 static CaseResult run_case(const Case& c, uint64_t seed, bool with_ref) {
@@ -180,9 +186,10 @@ static CaseResult run_case(const Case& c, uint64_t seed, bool with_ref) {
   AttnParams p = make_params(c, q, k, d);
   check_launch(jc::flash_fwd_sm80(p, 0));
 
-  Grads g80, g90;
-  std::vector<float> r80[3], r90[3];
-  for (int impl = 0; impl < 2; ++impl) {
+  // impl 0: the portable backward; impl 1 + v: the Hopper one, variant v.
+  Grads g[1 + kNV];
+  std::vector<float> r[1 + kNV][3];
+  for (int impl = 0; impl <= kNV; ++impl) {
     d.dq = poisoned(q.count()), d.dk = poisoned(k.count()), d.dv = poisoned(k.count());
     p.dq = d.dq, p.dk = d.dk, p.dv = d.dv;
     if (impl == 0) {
@@ -192,14 +199,12 @@ static CaseResult run_case(const Case& c, uint64_t seed, bool with_ref) {
         std::fprintf(stderr, "sm90 backward does not support %s\n", describe(c).c_str());
         std::exit(2);
       }
-      check_launch(jc::flash_bwd_sm90(p, 0));
+      check_launch(jaxattn::sm90::flash_bwd_sm90_variant(p, 0, BwdVariant(impl - 1)));
     }
     CUDA_CHECK(cudaDeviceSynchronize());
-    Grads& g = impl == 0 ? g80 : g90;
-    std::vector<float>* r = impl == 0 ? r80 : r90;
-    r[0] = fetch(d.dq, q, c.bf16, g);
-    r[1] = fetch(d.dk, k, c.bf16, g);
-    r[2] = fetch(d.dv, k, c.bf16, g);
+    r[impl][0] = fetch(d.dq, q, c.bf16, g[impl]);
+    r[impl][1] = fetch(d.dk, k, c.bf16, g[impl]);
+    r[impl][2] = fetch(d.dv, k, c.bf16, g[impl]);
     CUDA_CHECK(cudaFree(d.dq));
     CUDA_CHECK(cudaFree(d.dk));
     CUDA_CHECK(cudaFree(d.dv));
@@ -209,27 +214,26 @@ static CaseResult run_case(const Case& c, uint64_t seed, bool with_ref) {
     CUDA_CHECK(cudaFree(ptr));
 
   CaseResult res;
-  res.clobbered = g90.clobbered;
-  res.nonfinite = g90.nonfinite;
-  res.with_ref = with_ref;
   const HostTensor* like[3] = {&q, &k, &k};
-  if (with_ref) {
-    std::vector<double> ref[3];
-    reference(c, q, k, v, dout, p.scale, ref[0], ref[1], ref[2]);
-    res.ok = true;
+  std::vector<double> ref[3];
+  if (with_ref) reference(c, q, k, v, dout, p.scale, ref[0], ref[1], ref[2]);
+  for (int i = 0; i < 3 && with_ref; ++i) res.err80[i] = frob(r[0][i], ref[i], *like[i]);
+  for (int vi = 0; vi < kNV; ++vi) {
+    const Grads& gv = g[1 + vi];
+    res.clobbered += gv.clobbered;
+    res.nonfinite += gv.nonfinite;
+    bool ok = gv.clobbered == 0 && gv.nonfinite == 0 && g[0].nonfinite == 0;
     for (int i = 0; i < 3; ++i) {
-      res.err80[i] = frob(r80[i], ref[i], *like[i]);
-      res.err90[i] = frob(r90[i], ref[i], *like[i]);
-      res.ok &= res.err90[i] <= 2 * res.err80[i] + 1e-3;
+      if (with_ref) {
+        res.err90[vi][i] = frob(r[1 + vi][i], ref[i], *like[i]);
+        ok &= res.err90[vi][i] <= 2 * res.err80[i] + 1e-3;
+      } else {
+        res.err90[vi][i] = frob(r[1 + vi][i], r[0][i], *like[i]);
+        ok &= res.err90[vi][i] < 1e-2;
+      }
     }
-  } else {
-    res.ok = true;
-    for (int i = 0; i < 3; ++i) {
-      res.err90[i] = frob(r90[i], r80[i], *like[i]);
-      res.ok &= res.err90[i] < 1e-2;
-    }
+    res.ok[vi] = ok;
   }
-  res.ok &= res.clobbered == 0 && res.nonfinite == 0 && g80.nonfinite == 0;
   return res;
 }
 
@@ -255,11 +259,48 @@ static std::vector<std::pair<Case, bool>> check_cases(bool quick) {
   return cs;
 }
 
+// ---- deterministic mode ------------------------------------------------------------------
+// dq of 5 runs with p.deterministic (9 key blocks adding into every query block, GQA 4)
+// must be identical bit for bit. Returns whether they were.
+static bool determinism_check(int H, int variant) {
+  Case c{2, 1100, 1100, 8, 2, H, true, false};
+  std::mt19937_64 rng(99 + H);
+  HostTensor q = make_tensor(c.B, c.T, c.N, c.H, 0, true, rng);
+  HostTensor k = make_tensor(c.B, c.S, c.K, c.H, 0, true, rng);
+  HostTensor v = make_tensor(c.B, c.S, c.K, c.H, 0, true, rng);
+  HostTensor dout = make_tensor(c.B, c.T, c.N, c.H, 0, true, rng);
+  DevCase d{};
+  d.q = upload(q), d.k = upload(k), d.v = upload(v), d.dout = upload(dout);
+  d.o = poisoned(q.count()), d.dq = poisoned(q.count()), d.dk = poisoned(k.count()), d.dv = poisoned(k.count());
+  const size_t rows = size_t(c.B) * c.T * c.N;
+  CUDA_CHECK(cudaMalloc(&d.lse, rows * 4));
+  CUDA_CHECK(cudaMalloc(&d.dpsum, rows * 4));
+  CUDA_CHECK(cudaMalloc(&d.dq_accum, rows * c.H * 4));
+  int32_t* sem;
+  const size_t n_sem = size_t(c.B) * c.N * ((c.T + jaxattn::kDqSemaphoreRows - 1) / jaxattn::kDqSemaphoreRows);
+  CUDA_CHECK(cudaMalloc(&sem, n_sem * 4));
+  AttnParams p = make_params(c, q, k, d);
+  p.deterministic = true;
+  p.dq_semaphore = sem;
+  check_launch(jc::flash_fwd_sm80(p, 0));
+  std::vector<uint16_t> first(q.count()), again(q.count());
+  bool same = true;
+  for (int run = 0; run < 5; ++run) {
+    check_launch(jaxattn::sm90::flash_bwd_sm90_variant(p, 0, BwdVariant(variant)));
+    CUDA_CHECK(cudaMemcpy(run ? again.data() : first.data(), d.dq, q.count() * 2, cudaMemcpyDeviceToHost));
+    if (run) same &= std::memcmp(first.data(), again.data(), q.count() * 2) == 0;
+  }
+  for (void* ptr : {(void*)d.q, (void*)d.k, (void*)d.v, (void*)d.o, (void*)d.dout, (void*)d.dq, (void*)d.dk,
+                    (void*)d.dv, (void*)d.lse, (void*)d.dpsum, (void*)d.dq_accum, (void*)sem})
+    CUDA_CHECK(cudaFree(ptr));
+  return same;
+}
+
 // ---- benchmark --------------------------------------------------------------------------
 struct BenchRow {
   int H, T;
   bool causal;
-  double tf80, tf90;
+  double tf[1 + kNV + 1];  // sm80, each sm90 variant, sm90 default
 };
 
 static BenchRow bench(int T, int H, bool causal) {
@@ -279,12 +320,15 @@ static BenchRow bench(int T, int H, bool causal) {
   AttnParams p = make_params(c, qd, kd, d);
   check_launch(jc::flash_fwd_sm80(p, 0));
   const double flops = 2.5 * 4.0 * B * N * double(T) * S * H * (causal ? 0.5 : 1.0);
-  BenchRow row{H, T, causal, 0, 0};
+  BenchRow row{H, T, causal, {}};
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
-  for (int impl = 0; impl < 2; ++impl) {
-    auto call = [&] { check_launch(impl == 0 ? jc::flash_bwd_sm80(p, 0) : jc::flash_bwd_sm90(p, 0)); };
+  for (int impl = 0; impl <= kNV + 1; ++impl) {
+    auto call = [&] {
+      check_launch(impl == 0 ? jc::flash_bwd_sm80(p, 0)
+                             : jaxattn::sm90::flash_bwd_sm90_variant(p, 0, BwdVariant(impl - 1)));
+    };
     for (int i = 0; i < 3; ++i) call();
     std::vector<float> ms;
     for (int i = 0; i < 10; ++i) {
@@ -297,7 +341,7 @@ static BenchRow bench(int T, int H, bool causal) {
       ms.push_back(t);
     }
     std::sort(ms.begin(), ms.end());
-    (impl == 0 ? row.tf80 : row.tf90) = flops / (ms[ms.size() / 2] * 1e-3) / 1e12;
+    row.tf[impl] = flops / (ms[ms.size() / 2] * 1e-3) / 1e12;
   }
   for (uint16_t** b : bufs) CUDA_CHECK(cudaFree(*b));
   CUDA_CHECK(cudaFree(d.lse));
@@ -319,31 +363,49 @@ int main(int argc, char** argv) {
     uint64_t seed = 1234;
     for (auto& [c, ref] : check_cases(quick)) {
       const CaseResult r = run_case(c, seed++, ref);
-      ++total;
-      failed += !r.ok;
-      std::fprintf(g_log, "%-4s %-44s %s dq %.2e dk %.2e dv %.2e", r.ok ? "ok" : "FAIL", describe(c).c_str(),
-                   ref ? "vs f64:" : "vs sm80:", r.err90[0], r.err90[1], r.err90[2]);
-      if (ref) std::fprintf(g_log, " (sm80 %.2e %.2e %.2e)", r.err80[0], r.err80[1], r.err80[2]);
-      if (r.clobbered || r.nonfinite) std::fprintf(g_log, " clobbered %ld nonfinite %ld", r.clobbered, r.nonfinite);
-      std::fprintf(g_log, "\n");
-      std::fflush(g_log);
-      if (!r.ok && g_log != stdout)
-        std::printf("FAIL %s dq %.2e dk %.2e dv %.2e clobbered %ld nonfinite %ld\n", describe(c).c_str(), r.err90[0],
-                    r.err90[1], r.err90[2], r.clobbered, r.nonfinite);
+      for (int vi = 0; vi < kNV; ++vi) {
+        ++total;
+        failed += !r.ok[vi];
+        std::fprintf(g_log, "%-4s %-44s %-10s %s dq %.2e dk %.2e dv %.2e", r.ok[vi] ? "ok" : "FAIL",
+                     describe(c).c_str(), variant_name(vi), ref ? "vs f64:" : "vs sm80:", r.err90[vi][0],
+                     r.err90[vi][1], r.err90[vi][2]);
+        if (ref) std::fprintf(g_log, " (sm80 %.2e %.2e %.2e)", r.err80[0], r.err80[1], r.err80[2]);
+        if (r.clobbered || r.nonfinite)
+          std::fprintf(g_log, " clobbered %ld nonfinite %ld", r.clobbered, r.nonfinite);
+        std::fprintf(g_log, "\n");
+        std::fflush(g_log);
+        if (!r.ok[vi] && g_log != stdout)
+          std::printf("FAIL %s %s dq %.2e dk %.2e dv %.2e clobbered %ld nonfinite %ld\n", describe(c).c_str(),
+                      variant_name(vi), r.err90[vi][0], r.err90[vi][1], r.err90[vi][2], r.clobbered, r.nonfinite);
+      }
     }
   }
+  int det_failed = 0;
+  if (do_check && !quick)
+    for (int H : {64, 128})
+      for (int vi = 0; vi < kNV; ++vi) {
+        const bool same = determinism_check(H, vi);
+        det_failed += !same;
+        std::fprintf(g_log, "%-4s deterministic H%d %s: 5 runs %s\n", same ? "ok" : "FAIL", H, variant_name(vi),
+                     same ? "bit-identical" : "DIFFER");
+      }
+  failed += det_failed;
   std::vector<BenchRow> rows;
   if (do_bench)
     for (int H : {64, 128})
       for (bool causal : {false, true})
         for (int T : {1024, 4096, 16384}) rows.push_back(bench(T, H, causal));
   std::printf("===== results =====\n");
-  if (do_check) std::printf("check: %d / %d cases ok\n", total - failed, total);
+  if (do_check) {
+    std::printf("check: %d / %d (case, variant) runs ok\n", total - (failed - det_failed), total);
+    if (!quick) std::printf("deterministic: %d of %d (H, variant) pairs differ between runs\n", det_failed, 2 * kNV);
+  }
   if (!rows.empty()) {
-    std::printf("| H | T | causal | sm80 bwd TFLOP/s | sm90 bwd TFLOP/s | sm90/sm80 |\n|---|---|---|---|---|---|\n");
+    std::printf("| H | T | causal | sm80 | sm90 split-hd | sm90 split-keys | sm90 default | default/sm80 |\n"
+                "|---|---|---|---|---|---|---|---|\n");
     for (auto& r : rows)
-      std::printf("| %d | %d | %s | %.0f | %.0f | %.2f |\n", r.H, r.T, r.causal ? "yes" : "no", r.tf80, r.tf90,
-                  r.tf90 / r.tf80);
+      std::printf("| %d | %d | %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n", r.H, r.T, r.causal ? "yes" : "no", r.tf[0],
+                  r.tf[1], r.tf[2], r.tf[3], r.tf[3] / r.tf[0]);
   }
   return failed ? 1 : 0;
 }
