@@ -8,7 +8,8 @@
 #   CHECK=fwd (default): tests/cuda/sm90_fwd_check.cu; CHECK=bwd: tests/cuda/sm90_bwd_check.cu
 #   (which also links the portable kernels: it compares against them).
 # Env: NVCC (default /usr/local/cuda/bin/nvcc, else nvcc on PATH), BUILD
-#      (default build/sm90_standalone), SANITIZE (1), RUN (1; 0 = build only).
+#      (default build/sm90_standalone_$CHECK), SANITIZE (1), RUN (1; 0 = build only),
+#      REUSE (0; 1 = keep object files already built).
 #      With $OUT set, logs are copied there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,7 @@ SRCS=(cuda/sm90/*.cu "tests/cuda/sm90_${CHECK}_check.cu")
 for src in "${SRCS[@]}"; do
   obj="$BUILD/$(basename "$(dirname "$src")")_$(basename "${src%.cu}").o"
   objs+=("$obj")
+  [ "${REUSE:-0}" = 1 ] && [ -f "$obj" ] && continue  # objects of an earlier RUN=0 call
   "$NVCC" "${FLAGS[@]}" -Xcompiler -fopenmp -c "$src" -o "$obj" >"$obj.log" 2>&1 &
   pids+=($!)
 done
