@@ -327,13 +327,17 @@ def test_ffi_handler_rejects_bad_buffers():
 def test_dispatch_rule():
     a = _args()
     assert jaxattn.decode_kernel_for(**a, platform="cpu") == "cpu:decode"
+    # float32 is not the CUDA kernel's: the XLA path on GPUs.
     assert jaxattn.decode_kernel_for(**a, platform="gpu") == "xla"
     assert jaxattn.decode_kernel_for(**a, platform="cuda") == "xla"
     assert jaxattn.decode_kernel_for(**a, platform="cpu", implementation="xla") == "xla"
     assert jaxattn.decode_kernel_for(**a, platform="cuda", implementation="cpu") == "cpu:decode"
-    # The CUDA kernel runs only when forced, and only where it can.
     half = {k: (x.astype(jnp.bfloat16) if k in ("query", "key_cache", "value_cache") else x) for k, x in a.items()}
+    assert jaxattn.decode_kernel_for(**half, platform="rocm") == "xla"
     if jaxattn.built_with_cuda():
+        # 16-bit caches on CUDA GPUs run the CUDA kernel by default.
+        assert jaxattn.decode_kernel_for(**half, platform="cuda") == "cuda:decode"
+        assert jaxattn.decode_kernel_for(**half, platform="gpu") == "cuda:decode"
         assert jaxattn.decode_kernel_for(**half, implementation="cuda") == "cuda:decode"
         with pytest.raises(NotImplementedError, match="float32"):
             jaxattn.decode_kernel_for(**a, implementation="cuda")

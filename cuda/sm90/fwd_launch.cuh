@@ -16,10 +16,14 @@ namespace jaxattn::sm90 {
 
 // The main-loop schedule used by flash_fwd_sm90, from H200 measurements (bf16,
 // B*T = 16384, N*H = 2048): overlap + pingpong wins at H 64/128 (e.g. H=64 T=16K
-// 446 vs 397 TFLOP/s, H=128 causal T=4K 520 vs 455); at H=256 (kBlockN = 64)
-// plain overlap is ahead by 1-3%.
-inline FwdVariant default_variant(int head_dim, bool causal) {
+// 446 vs 397 TFLOP/s, H=128 causal T=4K 520 vs 455); at H=256 (kBlockN = 64) plain
+// overlap is ahead by 1-3%. At H=64 with T >= 2048, three consumer warpgroups
+// (192-row tiles) beat it: T=16K 496 vs 456 (causal 489 vs 436), T=4K 465 vs 441
+// (causal 395 vs 384); at T=1024 they lose (361 vs 370, causal 236 vs 253): fewer,
+// longer tiles. (2048 is between the measured 1024 and 4096.)
+inline FwdVariant default_variant(int head_dim, bool causal, int seqlen_q) {
   (void)causal;
+  if (head_dim == 64 && seqlen_q >= 2048) return FwdVariant::kOverlap3;
   return head_dim <= 128 ? FwdVariant::kOverlapPingpong : FwdVariant::kOverlap;
 }
 
@@ -69,7 +73,7 @@ auto fwd_kernel_for(bool causal) -> void (*)(const FwdParams) {
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant variant) {
   using Tr = FwdTraits<kHeadDim, Elem>;
-  if (variant == FwdVariant::kDefault) variant = default_variant(kHeadDim, p.is_causal);
+  if (variant == FwdVariant::kDefault) variant = default_variant(kHeadDim, p.is_causal, p.seqlen_q);
   const bool c = p.is_causal;
   switch (variant) {
     case FwdVariant::kSerial:

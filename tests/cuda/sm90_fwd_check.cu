@@ -391,10 +391,14 @@ int main(int argc, char** argv) {
   }
   if (do_bench) {
     std::printf("bench bf16, B*T=16384, N*H=2048 (TFLOP/s, median of 20)\n");
-    std::printf("  H  causal      T   overlap   serial   ovl+pp   ser+pp  default\n");
-    for (const BenchRow& r : rows)
-      std::printf("%3d  %6d  %5d   %7.1f  %7.1f  %7.1f  %7.1f  %7.1f\n", r.H, int(r.causal), r.T, r.tflops[0],
-                  r.tflops[1], r.tflops[2], r.tflops[3], r.tflops[4]);
+    std::printf("  H  causal      T");
+    for (int vi = 0; vi <= kNV; ++vi) std::printf("  %8s", variant_name(FwdVariant(vi)));
+    std::printf("\n");
+    for (const BenchRow& r : rows) {
+      std::printf("%3d  %6d  %5d", r.H, int(r.causal), r.T);
+      for (int vi = 0; vi <= kNV; ++vi) std::printf("  %8.1f", r.tflops[vi]);
+      std::printf("\n");
+    }
   }
   std::printf("%s\n", n_fail ? "SOME CHECKS FAILED" : "ALL OK");
   return n_fail ? 1 : 0;
