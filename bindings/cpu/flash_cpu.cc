@@ -22,8 +22,11 @@
 //  * Visibility of key j to query i is Mask::visible (causal, window,
 //    lengths, segment ids, dense mask); Mask::classify and the range helpers
 //    only let whole blocks be skipped or run unmasked. Segment ids skip a
-//    block when the id ranges of its queries and keys do not overlap, so a
-//    batch of packed documents costs about what its documents cost.
+//    block when the id ranges of its queries and keys do not overlap (with
+//    sorted ids the key / query ranges are found by binary search), and a
+//    partial block is narrowed to the columns (forward, dq pass) or rows (dk,
+//    dv pass) that can be visible, so a batch of packed documents costs
+//    about what its documents cost.
 //  * A dense bias / mask is read in place through broadcast strides (Dense).
 //    The bias gradient is summed in the dq pass, whose tasks then group the
 //    (batch, head) pairs that share one bias slice (deterministic, no
@@ -99,9 +102,10 @@ struct Mask {
   const int32_t* kv_lengths = nullptr;
   const int32_t* qseg = nullptr;  // segment ids of the current batch entry (null: none)
   const int32_t* kseg = nullptr;
+  bool sorted = false;            // both non-decreasing (packed documents)
   Dense<bool> dense;              // dense mask (dense.data null: none)
   const bool* dm = nullptr;       // ... at the current (batch, head)
-  int b = 0;
+  int b = -1;
   const AttnParams* p = nullptr;
 
   explicit Mask(const AttnParams& p)
@@ -113,12 +117,14 @@ struct Mask {
   // Selects batch entry b (its lengths and segments); call before the other
   // methods, then set_head.
   void set_batch(int b_) {
+    const bool same = b_ == b;
     b = b_;
     ql = q_lengths ? std::clamp<int>(q_lengths[b], 0, T) : T;
     kl = kv_lengths ? std::clamp<int>(kv_lengths[b], 0, S) : S;
-    if (p->q_segment_ids) {
+    if (p->q_segment_ids && !same) {
       qseg = p->q_segment_ids + int64_t(b) * T;
       kseg = p->kv_segment_ids + int64_t(b) * S;
+      sorted = std::is_sorted(qseg, qseg + T) && std::is_sorted(kseg, kseg + S);
     }
   }
   // Selects query head n (the dense mask's slice).
@@ -126,11 +132,24 @@ struct Mask {
     if (dense.data) dm = dense.at(b, n);
   }
 
-  // The one visibility predicate: does query i see key j?
+  // The one visibility predicate: does query i see key j? (The definition:
+  // mask_row applies it a row at a time, through row_keys.)
   bool visible(int i, int j) const {
     return i < ql && j < kl && (!causal || j <= i) && (wl < 0 || j >= i - wl) &&
            (wr < 0 || j <= i + wr) && (!qseg || qseg[i] == kseg[j]) &&
            (!dm || dm[i * dense.st + j * dense.ss]);
+  }
+
+  // The keys [lo, hi) that query i may see by the positional rules (causal,
+  // window, lengths): visible(i, j) is j in [lo, hi) && the segment ids
+  // match && the dense mask allows it.
+  void row_keys(int i, int* lo, int* hi) const {
+    int64_t l = 0, h = i < ql ? kl : 0;
+    if (causal) h = std::min<int64_t>(h, int64_t(i) + 1);
+    if (wr >= 0) h = std::min<int64_t>(h, int64_t(i) + wr + 1);
+    if (wl >= 0) l = std::max<int64_t>(l, int64_t(i) - wl);
+    *lo = int(std::min<int64_t>(l, S));
+    *hi = int(std::max<int64_t>(h, 0));
   }
 
   // Rows [i0, i1) x keys [j0, j1), both non-empty: kNone if no pair is
@@ -174,6 +193,10 @@ struct Mask {
     if (causal) *hi = std::min(*hi, i1);
     if (wr >= 0) *hi = std::min<int64_t>(*hi, int64_t(i1) + wr);
     if (wl >= 0) *lo = std::max(0, i0 - wl);
+    if (sorted) {  // the keys of the tile's documents are one interval
+      *lo = std::max<int>(*lo, std::lower_bound(kseg, kseg + S, qseg[i0]) - kseg);
+      *hi = std::min<int>(*hi, std::upper_bound(kseg, kseg + S, qseg[i1 - 1]) - kseg);
+    }
     *lo = std::min(*lo, *hi);
   }
 
@@ -185,18 +208,75 @@ struct Mask {
     if (causal) *lo = std::max(*lo, j0);
     if (wr >= 0) *lo = std::max(*lo, j0 - wr);
     if (wl >= 0) *hi = std::min<int64_t>(*hi, int64_t(j1) + wl);
+    if (sorted) {  // the queries of the block's documents are one interval
+      *lo = std::max<int>(*lo, std::lower_bound(qseg, qseg + T, kseg[j0]) - qseg);
+      *hi = std::min<int>(*hi, std::upper_bound(qseg, qseg + T, kseg[j1 - 1]) - qseg);
+    }
     *lo = std::min(*lo, T);
     *hi = std::max(*hi, *lo);
   }
+
+  // The narrowest keys [lo, hi) within [j0, j1) holding every key that some
+  // query of [i0, i1) may see (hi <= lo: none): the positional range, then
+  // keys whose segment id lies outside the queries' id range are trimmed
+  // from both ends.
+  void key_span(int i0, int i1, int j0, int j1, int* lo, int* hi) const {
+    int a, b;
+    key_range(i0, i1, &a, &b);
+    a = std::max(a, j0);
+    b = std::min(b, j1);
+    if (qseg && a < b) {
+      int32_t mn, mx;
+      min_max(qseg + i0, i1 - i0, &mn, &mx);
+      while (a < b && (kseg[a] < mn || kseg[a] > mx)) ++a;
+      while (b > a && (kseg[b - 1] < mn || kseg[b - 1] > mx)) --b;
+    }
+    *lo = a;
+    *hi = b;
+  }
+
+  // The same for the queries [lo, hi) within [i0, i1) that may see a key of [j0, j1).
+  void query_span(int i0, int i1, int j0, int j1, int* lo, int* hi) const {
+    int a, b;
+    query_range(j0, j1, &a, &b);
+    a = std::max(a, i0);
+    b = std::min(b, i1);
+    if (qseg && a < b) {
+      int32_t mn, mx;
+      min_max(kseg + j0, j1 - j0, &mn, &mx);
+      while (a < b && (qseg[a] < mn || qseg[a] > mx)) ++a;
+      while (b > a && (qseg[b - 1] < mn || qseg[b - 1] > mx)) --b;
+    }
+    *lo = a;
+    *hi = b;
+  }
 };
 
-// Sets masked and padding logits of row i (keys j0 + [0, bk)) to -inf;
-// nk keys are real.
+// Sets masked and padding logits of row i (keys j0 + [0, nk)) to -inf;
+// nk keys are real. Mask::visible decomposed into loops the compiler
+// vectorizes: the positional rules give one key interval, then segment ids
+// and the dense mask are compared key by key.
 JAXATTN_AI void mask_row(const Mask& mask, BlockKind kind, int i, int j0, int nk, int bk,
                          float* s) {
   if (kind == BlockKind::kPartial) {
-    for (int j = 0; j < nk; ++j) {
-      if (!mask.visible(i, j0 + j)) s[j] = -kInf;
+    int lo, hi;
+    mask.row_keys(i, &lo, &hi);
+    lo = std::clamp(lo - j0, 0, nk);
+    hi = std::clamp(hi - j0, lo, nk);
+    for (int j = 0; j < lo; ++j) s[j] = -kInf;
+    for (int j = hi; j < nk; ++j) s[j] = -kInf;
+    if (mask.qseg) {
+      const int32_t id = mask.qseg[i];
+      const int32_t* ks = mask.kseg + j0;
+      for (int j = lo; j < hi; ++j) s[j] = ks[j] == id ? s[j] : -kInf;
+    }
+    if (mask.dm) {
+      const bool* m = mask.dm + i * mask.dense.st + j0 * mask.dense.ss;
+      if (mask.dense.ss) {
+        for (int j = lo; j < hi; ++j) s[j] = m[j] ? s[j] : -kInf;
+      } else if (!m[0]) {
+        for (int j = lo; j < hi; ++j) s[j] = -kInf;
+      }
     }
   }
   for (int j = nk; j < bk; ++j) s[j] = -kInf;
@@ -234,6 +314,25 @@ JAXATTN_AI void bias_row(const Dense<float>& bias, const float* bp, int i, int j
     const float x = src[0] * kLog2e;
     for (int j = 0; j < nk; ++j) s[j] += x;
   }
+}
+
+// The columns of a key block that a query tile computes: [c0, c0 + cw) of
+// its bk (multiples of the lane count W), the first cn of them real keys.
+// A partial block is narrowed to the keys its queries may see (a packed
+// document's first block is mostly the previous document's keys).
+struct Span {
+  int c0 = 0, cw = 0, cn = 0;
+};
+
+template <int W>
+JAXATTN_AI Span block_span(const Mask& mask, BlockKind kind, int i0, int i1, int j0, int nk, int bk) {
+  if (kind != BlockKind::kPartial) return Span{0, bk, nk};
+  int lo, hi;
+  mask.key_span(i0, i1, j0, j0 + nk, &lo, &hi);
+  if (lo >= hi) return Span{};
+  const int c0 = (lo - j0) / W * W;
+  const int c1 = std::min(bk, round_up(hi - j0, W));
+  return Span{c0, c1 - c0, std::min(nk, c1) - c0};
 }
 
 // ---- per-ISA configuration ----------------------------------------------------
@@ -342,22 +441,25 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
       const int j0 = kb * bk, nk = std::min(bk, S - j0);
       const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
       if (kind == BlockKind::kNone) continue;
-      // S = Q K^T (log2 units)
-      gemm<F, R, CV, Acc::kSet>(nq, bk, H, qs.data(), Hp, 1, kt.data() + size_t(kb) * H * bk,
-                                bk, st.data(), bk);
+      const Span sp = block_span<W>(mask, kind, i0, i0 + nq, j0, nk, bk);
+      if (sp.cw == 0) continue;
+      const int jc = j0 + sp.c0;  // first computed key
+      // S = Q K^T (log2 units), columns [c0, c0 + cw) of the block
+      gemm<F, R, CV, Acc::kSet>(nq, sp.cw, H, qs.data(), Hp, 1, kt.data() + size_t(kb) * H * bk + sp.c0,
+                                bk, st.data() + sp.c0, bk);
       // online softmax
       for (int r = 0; r < nq; ++r) {
-        float* s = st.data() + r * bk;
-        if (p.softcap > 0.f) softcap_row(p.softcap, nk, bk, s, nullptr);
-        bias_row(bias, bp, i0 + r, j0, nk, s);
-        if (kind == BlockKind::kPartial || nk < bk) mask_row(mask, kind, i0 + r, j0, nk, bk, s);
+        float* s = st.data() + r * bk + sp.c0;
+        if (p.softcap > 0.f) softcap_row(p.softcap, sp.cn, sp.cw, s, nullptr);
+        bias_row(bias, bp, i0 + r, jc, sp.cn, s);
+        if (kind == BlockKind::kPartial || sp.cn < sp.cw) mask_row(mask, kind, i0 + r, jc, sp.cn, sp.cw, s);
         F mv = vset1<F>(-kInf);
-        for (int j = 0; j < bk; j += W) mv = vmax(mv, vload<F>(s + j));
+        for (int j = 0; j < sp.cw; j += W) mv = vmax(mv, vload<F>(s + j));
         const float mnew = std::max(mrow[r], hmax(mv));
         const float muse = mnew == -kInf ? 0.f : mnew;
         alpha[r] = std::exp2(mrow[r] - muse);
         F sum = F{};
-        for (int j = 0; j < bk; j += W) {
+        for (int j = 0; j < sp.cw; j += W) {
           const F e = vexp2<F, I>(vload<F>(s + j) - muse);
           vstore(s + j, e);
           sum += e;
@@ -366,7 +468,7 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
         mrow[r] = mnew;
       }
       // O = O * alpha + P V
-      gemm<F, R, CV, Acc::kScaleAdd>(nq, Hp, nk, st.data(), bk, 1, vr.data() + size_t(j0) * Hp,
+      gemm<F, R, CV, Acc::kScaleAdd>(nq, Hp, sp.cn, st.data() + sp.c0, bk, 1, vr.data() + size_t(jc) * Hp,
                                      Hp, oacc.data(), Hp, alpha.data());
     }
 
@@ -515,30 +617,34 @@ JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, float* dbias_par
           const int j0 = kb * bk, nk = std::min(bk, S - j0);
           const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
           if (kind == BlockKind::kNone) continue;
-          const float* ktp = kt.data() + size_t(kb) * H * bk;
-          const float* vtp = vt.data() + size_t(kb) * H * bk;
-          gemm<F, R, CV, Acc::kSet>(nq, bk, H, qs.data(), Hp, 1, ktp, bk, st.data(), bk);
-          gemm<F, R, CV, Acc::kSet>(nq, bk, H, dos.data(), Hp, 1, vtp, bk, dp.data(), bk);
+          const Span sp = block_span<W>(mask, kind, i0, i0 + nq, j0, nk, bk);
+          if (sp.cw == 0) continue;
+          const int jc = j0 + sp.c0;  // first computed key
+          const float* ktp = kt.data() + size_t(kb) * H * bk + sp.c0;
+          const float* vtp = vt.data() + size_t(kb) * H * bk + sp.c0;
+          gemm<F, R, CV, Acc::kSet>(nq, sp.cw, H, qs.data(), Hp, 1, ktp, bk, st.data() + sp.c0, bk);
+          gemm<F, R, CV, Acc::kSet>(nq, sp.cw, H, dos.data(), Hp, 1, vtp, bk, dp.data() + sp.c0, bk);
           for (int r = 0; r < nq; ++r) {
-            float* sr = st.data() + r * bk;
-            float* dr = dp.data() + r * bk;
-            if (p.softcap > 0.f) softcap_row(p.softcap, nk, bk, sr, tb.data() + r * bk);
-            bias_row(bias, bp, i0 + r, j0, nk, sr);
-            p_row<F, I>(mask, kind, i0 + r, j0, nk, bk, lse2[r], sr);
-            ds_row<F>(bk, sr, drow[r], dr);
+            float* sr = st.data() + r * bk + sp.c0;
+            float* dr = dp.data() + r * bk + sp.c0;
+            float* tr = p.softcap > 0.f ? tb.data() + r * bk + sp.c0 : nullptr;
+            if (tr) softcap_row(p.softcap, sp.cn, sp.cw, sr, tr);
+            bias_row(bias, bp, i0 + r, jc, sp.cn, sr);
+            p_row<F, I>(mask, kind, i0 + r, jc, sp.cn, sp.cw, lse2[r], sr);
+            ds_row<F>(sp.cw, sr, drow[r], dr);
             if (p.dbias) {  // dbias = dS of the biased logits, summed over broadcast dims
               float* a = dba.data() + size_t(Tb > 1 ? r : 0) * Sb;
               if (Sb > 1) {
-                for (int j = 0; j < nk; ++j) a[j0 + j] += dr[j];
+                for (int j = 0; j < sp.cn; ++j) a[jc + j] += dr[j];
               } else {
                 float sum = 0.f;
-                for (int j = 0; j < nk; ++j) sum += dr[j];
+                for (int j = 0; j < sp.cn; ++j) sum += dr[j];
                 a[0] += sum;
               }
             }
-            if (p.softcap > 0.f) softcap_grad_row(bk, tb.data() + r * bk, dr);
+            if (tr) softcap_grad_row(sp.cw, tr, dr);
           }
-          gemm<F, R, CV, Acc::kAdd>(nq, Hp, nk, dp.data(), bk, 1, kr.data() + size_t(j0) * Hp, Hp,
+          gemm<F, R, CV, Acc::kAdd>(nq, Hp, sp.cn, dp.data() + sp.c0, bk, 1, kr.data() + size_t(jc) * Hp, Hp,
                                     dqacc.data(), Hp);
         }
 
@@ -604,10 +710,15 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
       const int n = kh * G + g;
       mask.set_head(n);
       const float* bp = bias.data ? bias.at(b, n) : nullptr;
-      for (int i0 = qlo; i0 < qhi; i0 += kBQ) {
-        const int nq = std::min(kBQ, qhi - i0);
-        const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
+      for (int t0 = qlo; t0 < qhi; t0 += kBQ) {
+        const int tn = std::min(kBQ, qhi - t0);
+        const BlockKind kind = mask.classify(t0, t0 + tn, j0, j0 + nk);
         if (kind == BlockKind::kNone) continue;
+        // A partial tile narrowed to the queries that may see this block.
+        int i0 = t0, i1 = t0 + tn;
+        if (kind == BlockKind::kPartial) mask.query_span(t0, t0 + tn, j0, j0 + nk, &i0, &i1);
+        if (i1 <= i0) continue;
+        const int nq = i1 - i0;
         load_bwd_tile<D>(p, b, n, i0, nq, Hp, qs.data(), dos.data(), lse2.data());
         const float* drow = dsum + (int64_t(b) * N + n) * T + i0;
         gemm<F, R, CV, Acc::kSet>(nq, bk, H, qs.data(), Hp, 1, kt.data(), bk, st.data(), bk);
