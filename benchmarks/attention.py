@@ -47,6 +47,16 @@ Examples:
   python3 benchmarks/attention.py --quick              # smoke subset
   python3 benchmarks/attention.py --pass fwd --heads 128 --seqlens 4096,8192
   python3 benchmarks/attention.py --cpu                # the CPU row
+  python3 benchmarks/attention.py --cpu --packed       # packed documents vs separate sequences
+
+--packed: B*T = --tokens (default 16384) tokens packed from documents of
+random lengths in [--doc-min, --doc-max] (default 512..2048) into one
+sequence with q/kv_segment_ids (per-document causal unless --causal 0),
+timed against the same documents run as separate sequences (one call per
+document, the sum of their medians) and against the unsegmented sequence
+(what computing every block and masking it afterwards would cost). The
+packed output is checked against the separate ones. Writes DIR/packed.json
+and prints a table.
 """
 
 from __future__ import annotations
@@ -141,6 +151,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile-cache", default=None,
                    help="JAX persistent compilation cache directory (speeds up reruns)")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
+    p.add_argument("--packed", action="store_true",
+                   help="the packed-documents comparison instead of the grid (see above)")
+    p.add_argument("--doc-min", type=int, default=512, help="--packed: shortest document")
+    p.add_argument("--doc-max", type=int, default=2048, help="--packed: longest document")
     p.add_argument("--from-json", default=None, metavar="JSON",
                    help="measure nothing: redraw the plot and table of an attention.json into --out")
     args = p.parse_args(argv)
@@ -655,6 +669,79 @@ def write_json(path: str, doc: dict) -> None:
     os.replace(tmp, path)
 
 
+# ------------------------------------------------------------ packed documents --
+
+
+def packed_documents(total: int, lo: int, hi: int, seed: int = 0) -> list[int]:
+    """Random document lengths in [lo, hi] summing to `total` (the last one cut to fit)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lens = []
+    while sum(lens) < total:
+        lens.append(int(min(rng.integers(lo, hi + 1), total - sum(lens))))
+    return lens
+
+
+def run_packed(args, jax, jnp, jaxattn, device) -> tuple[dict, str]:
+    """Times packed documents (segment ids) against separate sequences; returns (record, table)."""
+    import numpy as np
+
+    L = args.tokens or 16384
+    H = args.heads[0]
+    N = args.fixed_heads or max(1, (args.width or 2048) // H)
+    dtype = args.dtype_list[0]
+    causal = args.causal != "0"
+    lens = packed_documents(L, args.doc_min, args.doc_max)
+    ids = jnp.asarray(np.repeat(np.arange(len(lens)), lens)[None], jnp.int32)
+    impl = args.implementation if args.implementation != "none" else None
+
+    def fn_for(pass_, **kw):
+        def attn(q, k, v):
+            return jaxattn.flash_attention(q, k, v, is_causal=causal, implementation=impl, **kw)
+        if pass_ == "fwd":
+            return attn
+        def grads(q, k, v, dout):
+            loss = lambda q, k, v: jnp.sum(attn(q, k, v).astype(jnp.float32) * dout.astype(jnp.float32))
+            return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+        return grads
+
+    def inputs(pass_, T, seed):
+        row = dict(pass_=pass_, dtype=dtype, B=1, T=T, S=T, N=N, K=N, H=H)
+        return make_inputs(jax, jnp, row, device, 1, seed)[0]
+
+    record = {"tokens": L, "documents": lens, "N": N, "H": H, "dtype": dtype, "causal": causal,
+              "kernel": jaxattn.kernel_for(*inputs("fwd", 8, 0), q_segment_ids=ids[:, :8],
+                                           kv_segment_ids=ids[:, :8], implementation=impl), "passes": {}}
+    lines = ["| pass | packed (segment ids) ms | separate sequences ms | packed / separate | "
+             "unsegmented ms | max rel diff |", "|---|---|---|---|---|---|"]
+    for pass_ in args.pass_list:
+        full = inputs(pass_, L, 1)
+        packed, out = measure(jax, fn_for(pass_, q_segment_ids=ids, kv_segment_ids=ids), [full],
+                              args.reps, args.warmup)
+        dense, _ = measure(jax, fn_for(pass_), [full], args.reps, args.warmup)
+        sep_ms, worst, start = 0.0, 0.0, 0
+        for n in lens:
+            part = tuple(x[:, start:start + n] for x in full)
+            stats, ref = measure(jax, fn_for(pass_), [part], args.reps, args.warmup)
+            sep_ms += stats["median_ms"]
+            got = out[:, start:start + n] if pass_ == "fwd" else tuple(g[:, start:start + n] for g in out)
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+                a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+                worst = max(worst, float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30)))
+            start += n
+        ratio = packed["median_ms"] / sep_ms
+        record["passes"][pass_] = {"packed": packed, "unsegmented": dense, "separate_ms": round(sep_ms, 4),
+                                   "packed_over_separate": round(ratio, 3), "max_rel_diff": worst}
+        lines.append(f"| {'fwd+bwd' if pass_ == 'fwdbwd' else 'fwd'} | {packed['median_ms']:.1f} | "
+                     f"{sep_ms:.1f} | {ratio:.2f} | {dense['median_ms']:.1f} | {worst:.2g} |")
+        log(lines[-1])
+    header = (f"{len(lens)} documents of {args.doc_min}..{args.doc_max} tokens packed into {L}; N={N} H={H} "
+              f"{dtype}, {'per-document causal' if causal else 'full within documents'}, kernel "
+              f"{record['kernel']}")
+    return record, header + "\n\n" + "\n".join(lines)
+
+
 # ---------------------------------------------------------------------- main --
 
 
@@ -719,6 +806,12 @@ def main(argv=None) -> int:
         log("warning: no GPU found; the full GPU grid on CPU will take very long (use --cpu or --quick)")
 
     os.makedirs(args.out, exist_ok=True)
+    if args.packed:
+        record, table = run_packed(args, jax, jnp, jaxattn, device)
+        record["environment"] = environment(args, jax, jaxattn, device)
+        write_json(os.path.join(args.out, "packed.json"), record)
+        print(table, flush=True)
+        return 0
     json_path = os.path.join(args.out, "attention.json")
 
     env = environment(args, jax, jaxattn, device)

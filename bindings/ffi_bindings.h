@@ -44,8 +44,11 @@ auto bind_options(Binding b) {
 
 // The masking inputs and options of the CPU handlers (appended after the
 // pass's buffers and options): q_lengths, kv_lengths int32 [...batch]
-// buffers, the local window attributes (-1 = unlimited) and the logit
-// soft cap (0 = off). The CUDA
+// buffers, the local window attributes (-1 = unlimited), the logit soft cap
+// (0 = off); then q_segment_ids [...batch, T] and kv_segment_ids [...batch,
+// S] int32, the dense bias (f32) and mask (pred), each broadcastable as
+// AttnParams describes, and the flags that say which of these three are real
+// (an absent one is a placeholder buffer the handler does not read). The CUDA
 // handlers do not take them yet.
 template <typename Binding>
 auto bind_mask_args(Binding b) {
@@ -53,7 +56,21 @@ auto bind_mask_args(Binding b) {
       .template Arg<ffi::Buffer<ffi::S32>>()                 // kv_lengths
       .template Attr<int32_t>("window_left")
       .template Attr<int32_t>("window_right")
-      .template Attr<float>("softcap");
+      .template Attr<float>("softcap")
+      .template Arg<ffi::Buffer<ffi::S32>>()   // q_segment_ids
+      .template Arg<ffi::Buffer<ffi::S32>>()   // kv_segment_ids
+      .template Arg<ffi::Buffer<ffi::F32>>()   // bias
+      .template Arg<ffi::Buffer<ffi::PRED>>()  // mask
+      .template Attr<bool>("has_segments")
+      .template Attr<bool>("has_bias")
+      .template Attr<bool>("has_mask");
+}
+
+// The backward's extra result with a dense bias: dbias, f32 with the bias's
+// shape (a placeholder [1] without one).
+template <typename Binding>
+auto bind_dbias_ret(Binding b) {
+  return std::move(b).template Ret<ffi::Buffer<ffi::F32>>();  // dbias
 }
 
 }  // namespace jaxattn

@@ -159,4 +159,66 @@ inline ffi::Error fill_masks(AttnParams& p, const ffi::Buffer<ffi::S32>& q_lengt
   return ffi::Error::Success();
 }
 
+// Dims [E, Bb, Nb, Tb, Sb] of a dense bias / mask buffer [..., Bb, Nb, Tb, Sb]
+// against the call (every leading dimension folds into E, which must divide
+// the folded batch); empty string when it broadcasts, else why not.
+inline std::string dense_dims(const AttnParams& p, ffi::AnyBuffer::Dimensions d, int out[5]) {
+  if (d.size() < 4) return "must have rank >= 4, got " + dims_str(d);
+  const size_t r = d.size();
+  int64_t outer = 1;
+  for (size_t i = 0; i + 4 < r; ++i) outer *= d[i];
+  if (outer < 1 || p.batch % outer != 0)
+    return "leading dimensions " + dims_str(d) + " do not divide the batch " + std::to_string(p.batch);
+  const int64_t inner = p.batch / outer;
+  const int64_t want[4] = {inner, p.num_heads, p.seqlen_q, p.seqlen_k};
+  for (int i = 0; i < 4; ++i) {
+    const int64_t x = d[r - 4 + i];
+    if (x != 1 && x != want[i])
+      return "dims " + dims_str(d) + " do not broadcast to [batch, heads, T, S] = [" + std::to_string(inner) +
+             ", " + std::to_string(p.num_heads) + ", " + std::to_string(p.seqlen_q) + ", " +
+             std::to_string(p.seqlen_k) + "]";
+  }
+  out[0] = static_cast<int>(outer);
+  for (int i = 0; i < 4; ++i) out[1 + i] = static_cast<int>(d[r - 4 + i]);
+  return "";
+}
+
+// Segment ids and the dense bias / mask (after fill_masks); each flag says
+// whether its buffers are real (else they are placeholders, not read).
+inline ffi::Error fill_dense_masks(AttnParams& p, const ffi::Buffer<ffi::S32>& q_seg,
+                                   const ffi::Buffer<ffi::S32>& kv_seg, const ffi::Buffer<ffi::F32>& bias,
+                                   const ffi::Buffer<ffi::PRED>& mask, bool has_segments, bool has_bias,
+                                   bool has_mask) {
+  if (has_segments) {
+    if (static_cast<int64_t>(q_seg.element_count()) != int64_t(p.batch) * p.seqlen_q ||
+        static_cast<int64_t>(kv_seg.element_count()) != int64_t(p.batch) * p.seqlen_k)
+      return invalid("segment ids must be int32 [batch, T] and [batch, S], got " + dims_str(q_seg.dimensions()) +
+                     " and " + dims_str(kv_seg.dimensions()));
+    p.q_segment_ids = q_seg.typed_data();
+    p.kv_segment_ids = kv_seg.typed_data();
+  }
+  if (has_bias) {
+    const std::string why = dense_dims(p, bias.dimensions(), p.bias_dims);
+    if (!why.empty()) return invalid("bias " + why);
+    p.bias = bias.typed_data();
+  }
+  if (has_mask) {
+    const std::string why = dense_dims(p, mask.dimensions(), p.mask_dims);
+    if (!why.empty()) return invalid("mask " + why);
+    p.mask = mask.typed_data();
+  }
+  return ffi::Error::Success();
+}
+
+// The backward's dbias result (after fill_dense_masks): the bias's shape when
+// there is a bias, else ignored.
+inline ffi::Error fill_dbias(AttnParams& p, const ffi::Buffer<ffi::F32>& bias, ffi::Buffer<ffi::F32>& dbias) {
+  if (p.bias == nullptr) return ffi::Error::Success();
+  if (!same_dims(bias.dimensions(), dbias.dimensions()))
+    return invalid("dbias must have the bias's shape " + dims_str(bias.dimensions()) + ", got " +
+                   dims_str(dbias.dimensions()));
+  p.dbias = dbias.typed_data();
+  return ffi::Error::Success();
+}
+
 }  // namespace jaxattn

@@ -16,9 +16,9 @@ from .ring import ring_attention
 __version__ = "0.1.0"
 
 
-def kernel_for(query, key, value, *, is_causal=False, scale=None, implementation=None, platform=None,
-               local_window_size=None, query_seq_lengths=None, key_value_seq_lengths=None,
-               logits_soft_cap=None, deterministic=False) -> str:
+def kernel_for(query, key, value, bias=None, mask=None, *, is_causal=False, scale=None, implementation=None,
+               platform=None, local_window_size=None, query_seq_lengths=None, key_value_seq_lengths=None,
+               logits_soft_cap=None, q_segment_ids=None, kv_segment_ids=None, deterministic=False) -> str:
     """Names the kernel that ``flash_attention`` would use for these arguments.
 
     ``platform`` defaults to ``jax.default_backend()``. Returns e.g.
@@ -30,6 +30,7 @@ def kernel_for(query, key, value, *, is_causal=False, scale=None, implementation
         query, key, value, scale=scale, is_causal=is_causal, implementation=implementation,
         local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
         key_value_seq_lengths=key_value_seq_lengths, logits_soft_cap=logits_soft_cap,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias, mask=mask,
     )
     _dispatch.check_forced(spec, implementation)
     return _dispatch.kernel_for(spec, platform or jax.default_backend(), deterministic, implementation)

@@ -35,25 +35,37 @@ def _forward(target: str, q, k, v, scale: float, is_causal: bool, *operands, **e
     )
 
 
-def _mask_operands(q, k, q_lengths, kv_lengths, window, softcap):
-    """The CPU targets' masking operands: lengths int32 [B] (full when not
-    given), the window attributes (-1: unlimited) and the soft cap (0: off)."""
+def _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids, kv_segment_ids, bias, mask):
+    """The CPU targets' masking operands and attributes: lengths int32 [B] (full
+    when not given), segment ids int32 [B, T] / [B, S], the dense bias f32 and
+    mask bool (a placeholder [1, 1, 1, 1] when absent, with has_* False), the
+    window (-1: unlimited) and the soft cap (0: off)."""
     B, T, S = q.shape[0], q.shape[1], k.shape[1]
     if q_lengths is None:
         q_lengths = jnp.full((B,), T, jnp.int32)
     if kv_lengths is None:
         kv_lengths = jnp.full((B,), S, jnp.int32)
+    has_segments = q_segment_ids is not None
+    if not has_segments:
+        q_segment_ids = kv_segment_ids = jnp.zeros((1,), jnp.int32)
+    has_bias, has_mask = bias is not None, mask is not None
+    bias = jnp.zeros((1, 1, 1, 1), jnp.float32) if bias is None else bias.astype(jnp.float32)
+    mask = jnp.ones((1, 1, 1, 1), jnp.bool_) if mask is None else mask.astype(jnp.bool_)
     left, right = (-1, -1) if window is None else window
     attrs = {"window_left": np.int32(left), "window_right": np.int32(right),
-             "softcap": np.float32(0.0 if softcap is None else softcap)}
-    return (q_lengths.astype(jnp.int32), kv_lengths.astype(jnp.int32)), attrs
+             "softcap": np.float32(0.0 if softcap is None else softcap),
+             "has_segments": has_segments, "has_bias": has_bias, "has_mask": has_mask}
+    operands = (q_lengths.astype(jnp.int32), kv_lengths.astype(jnp.int32), q_segment_ids.astype(jnp.int32),
+                kv_segment_ids.astype(jnp.int32), bias, mask)
+    return operands, attrs
 
 
-def cpu_forward(q, k, v, q_lengths=None, kv_lengths=None, *, scale: float, is_causal: bool, window=None,
-                softcap=None):
+def cpu_forward(q, k, v, q_lengths=None, kv_lengths=None, q_segment_ids=None, kv_segment_ids=None, bias=None,
+                mask=None, *, scale: float, is_causal: bool, window=None, softcap=None):
     """(out, lse) from the C++ CPU kernel."""
-    lengths, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap)
-    return _forward("jaxattn_cpu_fwd", q, k, v, scale, is_causal, *lengths, **attrs)
+    operands, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids,
+                                     kv_segment_ids, bias, mask)
+    return _forward("jaxattn_cpu_fwd", q, k, v, scale, is_causal, *operands, **attrs)
 
 
 def cuda_forward(q, k, v, *, scale: float, is_causal: bool, portable_only: bool = False):
@@ -75,14 +87,19 @@ def _grad_types(q, k):
     )
 
 
-def cpu_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None, *, scale: float,
-                 is_causal: bool, window=None, softcap=None):
-    """(dq, dk, dv) from the C++ CPU kernel (no workspace)."""
+def cpu_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None, q_segment_ids=None,
+                 kv_segment_ids=None, bias=None, mask=None, *, scale: float, is_causal: bool, window=None,
+                 softcap=None):
+    """(dq, dk, dv), plus dbias (float32, the bias's shape) with a bias, from the
+    C++ CPU kernel (no workspace)."""
     register_targets()
-    lengths, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap)
-    return jax.ffi.ffi_call("jaxattn_cpu_bwd", _grad_types(q, k), vmap_method=_VMAP)(
-        q, k, v, out, lse, dout, dlse, *lengths, **_attrs(scale, is_causal), **attrs
+    operands, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids,
+                                     kv_segment_ids, bias, mask)
+    dbias_type = jax.ShapeDtypeStruct(bias.shape if bias is not None else (1,), jnp.float32)
+    dq, dk, dv, dbias = jax.ffi.ffi_call("jaxattn_cpu_bwd", _grad_types(q, k) + (dbias_type,), vmap_method=_VMAP)(
+        q, k, v, out, lse, dout, dlse, *operands, **_attrs(scale, is_causal), **attrs
     )
+    return (dq, dk, dv) if bias is None else (dq, dk, dv, dbias)
 
 
 def cuda_backward(q, k, v, out, lse, dout, dlse, *, scale: float, is_causal: bool, portable_only: bool = False,

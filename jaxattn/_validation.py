@@ -38,6 +38,11 @@ class AttentionSpec:
     has_q_lengths: bool = False
     has_kv_lengths: bool = False
     softcap: float | None = None  # logits_soft_cap
+    has_segments: bool = False  # q_segment_ids / kv_segment_ids (always both)
+    # Shapes of the dense bias / mask, left-padded to rank 4 (broadcastable
+    # to [B, N, T, S]); None when absent.
+    bias_shape: tuple[int, int, int, int] | None = None
+    mask_shape: tuple[int, int, int, int] | None = None
 
     @property
     def masked(self) -> bool:
@@ -54,6 +59,12 @@ class AttentionSpec:
             names.append("key_value_seq_lengths")
         if self.softcap is not None:
             names.append("logits_soft_cap")
+        if self.has_segments:
+            names.append("q_segment_ids/kv_segment_ids")
+        if self.bias_shape is not None:
+            names.append("bias")
+        if self.mask_shape is not None:
+            names.append("mask")
         return names
 
     @property
@@ -143,9 +154,49 @@ def _check_lengths(name: str, x, batch: int, unbatched: bool) -> None:
         raise ValueError(f"{name} must have shape {want}, got {_shape(x)}")
 
 
+def _check_segments(q_ids, kv_ids, B: int, T: int, S: int, unbatched: bool) -> bool:
+    """Validates q_segment_ids [B, T] / kv_segment_ids [B, S]; True when given."""
+    if q_ids is None and kv_ids is None:
+        return False
+    if q_ids is None or kv_ids is None:
+        raise ValueError("q_segment_ids and kv_segment_ids must be given together (or neither)")
+    for name, x, L, what in (("q_segment_ids", q_ids, T, "T"), ("kv_segment_ids", kv_ids, S, "S")):
+        want = (L,) if unbatched else (B, L)
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise ValueError(f"{name} must be an int32 array of shape {list(want)}, got {type(x).__name__}")
+        if jnp.dtype(x.dtype) != jnp.dtype(jnp.int32):
+            raise ValueError(f"{name} must be int32, got {jnp.dtype(x.dtype)}")
+        if tuple(x.shape) != want:
+            shape = f"[{what}]" if unbatched else f"[B, {what}]"
+            raise ValueError(f"{name} must have shape {shape} = {want}, got {_shape(x)}")
+    return True
+
+
+def _check_dense(name: str, x, target: tuple[int, ...], kind: str) -> tuple[int, int, int, int] | None:
+    """Validates a dense bias / mask broadcastable to `target` ([B, N, T, S], or
+    [N, T, S] unbatched); returns its shape left-padded to rank 4."""
+    if x is None:
+        return None
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ValueError(f"{name} must be an array, got {type(x).__name__}")
+    dtype = jnp.dtype(x.dtype)
+    if kind == "float" and not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"{name} must have a floating dtype, got {dtype}")
+    if kind == "bool" and dtype != jnp.dtype(jnp.bool_):
+        raise ValueError(f"{name} must be a bool array (True = attend), got {dtype}")
+    shape = tuple(x.shape)
+    ok = len(shape) <= len(target) and all(
+        d in (1, t) for d, t in zip(shape[::-1], target[::-1]))
+    if not ok:
+        dims = "[B, N, T, S]" if len(target) == 4 else "[N, T, S]"
+        raise ValueError(f"{name} of shape {shape} does not broadcast to {dims} = {target}")
+    return (1,) * (4 - len(shape)) + shape
+
+
 def check_inputs(query, key, value, *, scale, is_causal, implementation, local_window_size=None,
                  query_seq_lengths=None, key_value_seq_lengths=None,
-                 logits_soft_cap=None) -> AttentionSpec:
+                 logits_soft_cap=None, q_segment_ids=None, kv_segment_ids=None, bias=None,
+                 mask=None) -> AttentionSpec:
     """Validates rank, shapes, dtypes and options; returns the call's spec.
 
     query is [B, T, N, H] (or unbatched [T, N, H]), key/value [B, S, K, H].
@@ -209,10 +260,16 @@ def check_inputs(query, key, value, *, scale, is_causal, implementation, local_w
         raise ValueError("query_seq_lengths / key_value_seq_lengths must be int32 arrays, not lists")
     _check_lengths("query_seq_lengths", query_seq_lengths, B, query.ndim == 3)
     _check_lengths("key_value_seq_lengths", key_value_seq_lengths, B, query.ndim == 3)
+    unbatched = query.ndim == 3
+    has_segments = _check_segments(q_segment_ids, kv_segment_ids, B, T, S, unbatched)
+    target = (N, T, S) if unbatched else (B, N, T, S)
+    bias_shape = _check_dense("bias", bias, target, "float")
+    mask_shape = _check_dense("mask", mask, target, "bool")
     return AttentionSpec(
         batch=B, seqlen_q=T, seqlen_k=S, num_heads=N, num_heads_k=K, head_dim=H,
         dtype=jnp.dtype(query.dtype), scale=static_scale(scale, H), is_causal=bool(is_causal),
         window=window, has_q_lengths=query_seq_lengths is not None,
         has_kv_lengths=key_value_seq_lengths is not None,
-        softcap=static_softcap(logits_soft_cap),
+        softcap=static_softcap(logits_soft_cap), has_segments=has_segments,
+        bias_shape=bias_shape, mask_shape=mask_shape,
     )

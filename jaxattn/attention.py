@@ -31,26 +31,56 @@ class _Plan:
     has_lengths: bool = False
     softcap: float | None = None  # logits_soft_cap
     deterministic: bool = False  # ordered dQ accumulation in the CUDA backward
+    has_segments: bool = False  # q_segment_ids, kv_segment_ids operands
+    # Dense operands: their sharding kinds (sharding.dense_kind), None when absent.
+    bias_kind: str | None = None
+    mask_kind: str | None = None
+
+    def extra_names(self) -> tuple[str, ...]:
+        """The mask operands after q, k, v (the kernels' keyword names), in order."""
+        names = ()
+        if self.has_lengths:
+            names += ("q_lengths", "kv_lengths")
+        if self.has_segments:
+            names += ("q_segment_ids", "kv_segment_ids")
+        if self.bias_kind is not None:
+            names += ("bias",)
+        if self.mask_kind is not None:
+            names += ("mask",)
+        return names
+
+    def extra_kinds(self) -> tuple[str, ...]:
+        kinds = {"q_lengths": "len", "kv_lengths": "len", "q_segment_ids": "segq", "kv_segment_ids": "segk",
+                 "bias": self.bias_kind, "mask": self.mask_kind}
+        return tuple(kinds[n] for n in self.extra_names())
 
 
-def _reference_forward(q, k, v, q_lengths=None, kv_lengths=None, *, scale, is_causal, window=None,
-                       softcap=None):
-    return reference.attention(q, k, v, scale=scale, is_causal=is_causal, window=window,
-                               q_lengths=q_lengths, kv_lengths=kv_lengths, softcap=softcap)
+def _reference_forward(q, k, v, *, scale, is_causal, window=None, softcap=None, **masks):
+    return reference.attention(q, k, v, scale=scale, is_causal=is_causal, window=window, softcap=softcap,
+                               **masks)
 
 
-def _reference_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None, *, scale,
-                        is_causal, window=None, softcap=None):
+def _reference_backward(q, k, v, out, lse, dout, dlse, *, scale, is_causal, window=None, softcap=None,
+                        bias=None, **masks):
     del out, lse  # the reference recomputes what it needs
     fn = functools.partial(reference.attention, scale=scale, is_causal=is_causal, window=window,
-                           q_lengths=q_lengths, kv_lengths=kv_lengths, softcap=softcap)
-    _, vjp = jax.vjp(fn, q, k, v)
+                           softcap=softcap, **masks)
+    if bias is None:
+        _, vjp = jax.vjp(fn, q, k, v)
+        return vjp((dout, dlse))
+    _, vjp = jax.vjp(lambda q, k, v, b: fn(q, k, v, bias=b), q, k, v, bias.astype(jnp.float32))
     return vjp((dout, dlse))
 
 
+def _named(fn, fixed: int, names: tuple[str, ...]):
+    """`fn` taking its first `fixed` operands positionally and the rest as keywords `names`."""
+    return lambda *args: fn(*args[:fixed], **dict(zip(names, args[fixed:])))
+
+
 @functools.lru_cache(maxsize=256)
-def _local(plan: _Plan, cpu, cuda, ref, cuda_options=()):
-    """The kernel of `plan` on one device's arrays, per platform when none is forced.
+def _local(plan: _Plan, cpu, cuda, ref, fixed: int, cuda_options=()):
+    """The kernel of `plan` on one device's arrays (`fixed` operands, then the
+    plan's mask operands), per platform when none is forced.
 
     `cuda_options`: extra (name, value) keyword pairs of the CUDA function.
     Cached: one function per plan, so its sharded (jitted) wrapper is reused.
@@ -59,10 +89,13 @@ def _local(plan: _Plan, cpu, cuda, ref, cuda_options=()):
     # Only the CPU kernel and the reference take the mask options (the CUDA
     # kernels are never picked for masked calls: plan.cuda_ok is False).
     mkw = dict(kw, window=plan.window, softcap=plan.softcap)
+    names = plan.extra_names()
+    # The bias gradient (backward) corresponds to the bias operand.
+    grad_args = (fixed + names.index("bias"),) if "bias" in names else ()
     # The FFI calls' results typed like their inputs inside shard_map.
-    cpu = sharding.typed_per_device(functools.partial(cpu, **mkw))
+    cpu = sharding.typed_per_device(_named(functools.partial(cpu, **mkw), fixed, names), grad_args)
     cuda = sharding.typed_per_device(functools.partial(cuda, **kw, **dict(cuda_options)))
-    ref = functools.partial(ref, **mkw)
+    ref = _named(functools.partial(ref, **mkw), fixed, names)
     if plan.implementation == "reference":  # reached from ring attention's blocks
         return ref
     if plan.implementation == "cpu":
@@ -75,46 +108,49 @@ def _local(plan: _Plan, cpu, cuda, ref, cuda_options=()):
 
 
 def forward_kernel(plan: _Plan):
-    """The per-device forward ``(q, k, v[, q_lengths, kv_lengths]) -> (out, lse)`` of `plan`."""
+    """The per-device forward ``(q, k, v, *mask operands) -> (out, lse)`` of `plan`."""
     cuda = _ffi_calls.cuda_sm80_forward if plan.implementation == "cuda_sm80" else _ffi_calls.cuda_forward
-    return _local(plan, _ffi_calls.cpu_forward, cuda, _reference_forward)
+    return _local(plan, _ffi_calls.cpu_forward, cuda, _reference_forward, 3)
 
 
 def backward_kernel(plan: _Plan, reference_backward=_reference_backward):
-    """The per-device backward ``(q, k, v, out, lse, dout, dlse[, lengths]) -> (dq, dk, dv)``.
+    """The per-device backward ``(q, k, v, out, lse, dout, dlse, *mask operands) -> (dq, dk, dv[, dbias])``.
 
     The compiled kernels take the softmax statistics from the given ``out``
     and ``lse``; `reference_backward` is the pure-JAX one used where they do
     not run (by default it recomputes them from q, k, v).
     """
     cuda = _ffi_calls.cuda_sm80_backward if plan.implementation == "cuda_sm80" else _ffi_calls.cuda_backward
-    return _local(plan, _ffi_calls.cpu_backward, cuda, reference_backward,
+    return _local(plan, _ffi_calls.cpu_backward, cuda, reference_backward, 7,
                   (("deterministic", plan.deterministic),))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _flash(q, k, v, q_lengths, kv_lengths, plan: _Plan):
-    # q_lengths / kv_lengths: int32 [B] when plan.has_lengths, else None.
-    local = forward_kernel(plan)
-    lengths = (q_lengths, kv_lengths) if plan.has_lengths else ()
-    return sharding.partitioned_forward(local, q, k, v, *lengths)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, extras, plan: _Plan):
+    # extras: the plan's mask operands (plan.extra_names()), a tuple of arrays.
+    return sharding.partitioned_forward(forward_kernel(plan), q, k, v, extras, plan.extra_kinds())
 
 
-def _flash_fwd(q, k, v, q_lengths, kv_lengths, plan: _Plan):
-    out, lse = _flash(q, k, v, q_lengths, kv_lengths, plan)
-    return (out, lse), (q, k, v, out, lse, q_lengths, kv_lengths)
+def _flash_fwd(q, k, v, extras, plan: _Plan):
+    out, lse = _flash(q, k, v, extras, plan)
+    return (out, lse), (q, k, v, out, lse, extras)
 
 
 def _flash_bwd(plan: _Plan, residuals, cotangents):
-    q, k, v, out, lse, q_lengths, kv_lengths = residuals
+    q, k, v, out, lse, extras = residuals
     dout, dlse = cotangents
     local = backward_kernel(plan)
-    lengths = (q_lengths, kv_lengths) if plan.has_lengths else ()
-    dq, dk, dv = sharding.partitioned_backward(
-        local, q, k, v, out, lse, dout.astype(q.dtype), dlse.astype(jnp.float32), *lengths
+    extra_out = (plan.bias_kind,) if plan.bias_kind is not None else ()
+    grads = sharding.partitioned_backward(
+        local, q, k, v, out, lse, dout.astype(q.dtype), dlse.astype(jnp.float32), extras, plan.extra_kinds(),
+        extra_out,
     )
-    # Integer lengths have no cotangent.
-    return dq, dk, dv, None, None
+    dq, dk, dv = grads[:3]
+    # Integer and boolean operands have no cotangent; the bias has dbias.
+    d_extras = tuple(
+        grads[3].astype(x.dtype) if name == "bias" else None for name, x in zip(plan.extra_names(), extras)
+    )
+    return dq, dk, dv, d_extras
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -124,6 +160,8 @@ def flash_attention(
     query,
     key,
     value,
+    bias=None,
+    mask=None,
     *,
     scale: float | None = None,
     is_causal: bool = False,
@@ -133,6 +171,8 @@ def flash_attention(
     query_seq_lengths=None,
     key_value_seq_lengths=None,
     logits_soft_cap: float | None = None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
     deterministic: bool = False,
 ):
     """Scaled dot-product attention, memory-efficient, with hand-written kernels.
@@ -163,8 +203,19 @@ def flash_attention(
         query rows ``i >= query_seq_lengths[b]`` get output 0, keys
         ``j >= key_value_seq_lengths[b]`` are invisible.
       logits_soft_cap: static positive float ``c`` (not in jax.nn): the
-        scaled logits become ``c * tanh(logits / c)`` before masking and
-        softmax (the lse residual is of the capped logits).
+        scaled logits ``scale * q.k`` become ``c * tanh(scale * q.k / c)``
+        before the bias is added and before masking and softmax (the lse
+        residual is of the final logits).
+      bias: additive bias of the logits, any float dtype, broadcastable to
+        ``[B, N, T, S]`` (``[N, T, S]`` unbatched); read in place with
+        broadcast strides (never expanded), differentiable.
+      mask: bool, True = attend, broadcastable likewise.
+      q_segment_ids, kv_segment_ids: int32 ``[B, T]`` / ``[B, S]``, both or
+        neither (not in jax.nn): a query attends only keys with its own
+        segment id (packed documents); with ``is_causal`` that is causal
+        attention within each document. The CPU kernel skips key blocks
+        whose ids cannot match, so packed documents cost about what the
+        documents cost separately.
 
       deterministic: static bool (not in jax.nn). ``True`` makes the CUDA
         backward add the query gradient of each key block in a fixed order,
@@ -187,6 +238,7 @@ def flash_attention(
         query, key, value, scale=scale, is_causal=is_causal, implementation=implementation,
         local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
         key_value_seq_lengths=key_value_seq_lengths, logits_soft_cap=logits_soft_cap,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, bias=bias, mask=mask,
     )
     dispatch.check_forced(spec, implementation)
     query, key, value = (jnp.asarray(x) for x in (query, key, value))
@@ -203,14 +255,25 @@ def flash_attention(
         kv_lengths = (jnp.full((B,), S, jnp.int32) if key_value_seq_lengths is None
                       else jnp.asarray(key_value_seq_lengths).reshape(B))
 
+    masks = {}
+    if has_lengths:
+        masks.update(q_lengths=q_lengths, kv_lengths=kv_lengths)
+    if spec.has_segments:
+        masks.update(q_segment_ids=jnp.asarray(q_segment_ids).reshape(B, T),
+                     kv_segment_ids=jnp.asarray(kv_segment_ids).reshape(B, S))
+    # Dense operands as rank 4 (a reshape that adds size-1 dims: no copy).
+    if spec.bias_shape is not None:
+        masks["bias"] = jnp.asarray(bias).reshape(spec.bias_shape)
+    if spec.mask_shape is not None:
+        masks["mask"] = jnp.asarray(mask).reshape(spec.mask_shape)
+
     if spec.batch == 0 or spec.seqlen_q == 0:
         # Nothing to attend from: no kernel call; gradients are zeros.
         out = jnp.zeros(query.shape, query.dtype)
         lse = jnp.zeros(query.shape[:-1], jnp.float32)
     elif implementation == "reference":
         out, lse = reference.attention(query, key, value, scale=spec.scale, is_causal=spec.is_causal,
-                                       window=spec.window, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                                       softcap=spec.softcap)
+                                       window=spec.window, softcap=spec.softcap, **masks)
     else:
         plan = _Plan(
             scale=spec.scale,
@@ -221,8 +284,12 @@ def flash_attention(
             has_lengths=has_lengths,
             softcap=spec.softcap,
             deterministic=bool(deterministic),
+            has_segments=spec.has_segments,
+            bias_kind=None if spec.bias_shape is None else sharding.dense_kind(spec.bias_shape, B, spec.num_heads),
+            mask_kind=None if spec.mask_shape is None else sharding.dense_kind(spec.mask_shape, B, spec.num_heads),
         )
-        out, lse = _flash(query, key, value, q_lengths, kv_lengths, plan)
+        plan_names = plan.extra_names()
+        out, lse = _flash(query, key, value, tuple(masks[n] for n in plan_names), plan)
 
     if unbatched:
         out, lse = out[0], lse[0]

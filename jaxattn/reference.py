@@ -12,14 +12,15 @@ import jax.numpy as jnp
 
 
 def visible(seqlen_q: int, seqlen_k: int, is_causal: bool, window=None, q_lengths=None,
-            kv_lengths=None) -> jax.Array | None:
+            kv_lengths=None, q_segment_ids=None, kv_segment_ids=None) -> jax.Array | None:
     """Which keys each query sees, or None (all).
 
-    [T, S] bool without lengths, [B, T, S] with them. Causal is top-left
-    aligned (key j <= query i); ``window=(left, right)`` keeps keys
+    [T, S] bool without lengths or segments, [B, T, S] with them. Causal is
+    top-left aligned (key j <= query i); ``window=(left, right)`` keeps keys
     ``i - left <= j <= i + right``; query rows ``i >= q_lengths[b]`` see no
     key, keys ``j >= kv_lengths[b]`` are invisible (all as in
-    ``jax.nn.dot_product_attention``).
+    ``jax.nn.dot_product_attention``); with segment ids [B, T] / [B, S] a
+    query sees only keys of its own segment.
     """
     rows = jnp.arange(seqlen_q)[:, None]
     cols = jnp.arange(seqlen_k)[None, :]
@@ -37,16 +38,25 @@ def visible(seqlen_q: int, seqlen_k: int, is_causal: bool, window=None, q_length
         mask = both(mask, rows[None] < jnp.asarray(q_lengths)[:, None, None])
     if kv_lengths is not None:
         mask = both(mask, cols[None] < jnp.asarray(kv_lengths)[:, None, None])
+    if q_segment_ids is not None:
+        mask = both(mask, jnp.asarray(q_segment_ids)[:, :, None] == jnp.asarray(kv_segment_ids)[:, None, :])
     return mask
 
 
+def _by_kv_head(x, K: int, g: int):
+    """A dense [Bb, Nb, Tb, Sb] array (Nb = 1 or K * g) -> broadcastable to [B, K, g, T, S]."""
+    Bb, Nb, Tb, Sb = x.shape
+    return x[:, :, None] if Nb == 1 else x.reshape(Bb, K, g, Tb, Sb)
+
+
 def attention(query, key, value, *, scale: float, is_causal: bool, window=None, q_lengths=None,
-              kv_lengths=None, softcap=None):
+              kv_lengths=None, softcap=None, q_segment_ids=None, kv_segment_ids=None, bias=None, mask=None):
     """Returns (out [B, T, N, H] in the input dtype, lse [B, T, N] float32).
 
     A row that sees no key gets output 0 and lse -inf, with zero (finite)
-    gradients. ``softcap``: logits become ``softcap * tanh(logits / softcap)``
-    before masking.
+    gradients. The logits are ``softcap(scale * q.k) + bias`` (``softcap``:
+    ``x -> softcap * tanh(x / softcap)``), then masked. ``bias`` (float) and
+    ``mask`` (bool, True = attend) are rank 4, broadcastable to [B, N, T, S].
     """
     B, T, N, H = query.shape
     S, K = key.shape[1], key.shape[2]
@@ -59,11 +69,16 @@ def attention(query, key, value, *, scale: float, is_causal: bool, window=None, 
     ) * jnp.float32(scale)
     if softcap is not None:
         logits = jnp.float32(softcap) * jnp.tanh(logits / jnp.float32(softcap))
-    mask = visible(T, S, is_causal, window, q_lengths, kv_lengths)
+    if bias is not None:
+        logits = logits + _by_kv_head(bias.astype(jnp.float32), K, g)
+    vis = visible(T, S, is_causal, window, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids)
+    if vis is not None and vis.ndim == 3:  # [B, T, S]
+        vis = vis[:, None, None]
     if mask is not None:
-        if mask.ndim == 3:  # [B, T, S]
-            mask = mask[:, None, None]
-        logits = jnp.where(mask, logits, -jnp.inf)
+        dense = _by_kv_head(mask.astype(jnp.bool_), K, g)
+        vis = dense if vis is None else vis & dense
+    if vis is not None:
+        logits = jnp.where(vis, logits, -jnp.inf)
     # A logsumexp whose gradient stays finite (zero) on rows with no key.
     m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     m = jnp.where(jnp.isfinite(m), m, 0.0)

@@ -59,17 +59,19 @@ __all__ = ["partitioned_forward", "partitioned_backward", "typed_per_device"]
 
 # Operand layouts, after E >= 0 leading vmapped dimensions (which shard like B):
 # q-like [..., B, T, N, H], kv-like [..., B, S, K, H], lse-like [..., B, T, N].
-# Optional trailing operands: per-batch lengths [..., B] (int32), sharded
-# like the batch.
-_Q, _KV, _LSE, _LEN = "q", "kv", "lse", "len"
+# Optional trailing operands (masks): per-batch lengths [..., B] (int32) and
+# segment ids [..., B, T] / [..., B, S], sharded like the batch; dense bias
+# and mask [..., Bb, Nb, Tb, Sb] (kind "dense" + one 0/1 flag per dim: 1 when
+# that dimension is full, 0 when broadcast), sharded like the batch and heads
+# on their full dimensions. A dense result (the bias gradient) is summed over
+# the mesh axes its broadcast batch / head dimensions would have split.
+_Q, _KV, _LSE, _LEN, _SEGQ, _SEGK = "q", "kv", "lse", "len", "segq", "segk"
 _FWD_IN = (_Q, _KV, _KV)
 _FWD_OUT = (_Q, _LSE)
 _BWD_IN = (_Q, _KV, _KV, _Q, _LSE, _Q, _LSE)
 _BWD_OUT = (_Q, _KV, _KV)
 _FWD_NAMES = ("query", "key", "value")
 _BWD_NAMES = ("query", "key", "value", "out", "lse", "dout", "dlse")
-_LEN_IN = (_LEN, _LEN)
-_LEN_NAMES = ("query_seq_lengths", "key_value_seq_lengths")
 _CHECKED = 3  # q, k, v are validated; the other operands are resharded to match
 
 
@@ -94,10 +96,37 @@ def _rule_string(kinds_in, kinds_out, e: int, N: int, K: int) -> tuple[str, dict
         n, sizes = "g", {}
     else:
         n, sizes = "(k g)", {"g": int(N // K)}
-    dims = {_Q: f"{lead} t {n} h", _KV: f"{lead} s k h", _LSE: f"{lead} t {n}", _LEN: lead}
-    ins = ", ".join(dims[x] for x in kinds_in)
-    outs = ", ".join(dims[x] for x in kinds_out)
+    dims = {_Q: f"{lead} t {n} h", _KV: f"{lead} s k h", _LSE: f"{lead} t {n}", _LEN: lead,
+            _SEGQ: f"{lead} t", _SEGK: f"{lead} s"}
+    outer = " ".join(f"b{i}" for i in range(e))
+
+    def spell(kind, i):
+        if not _is_dense(kind):
+            return dims[kind]
+        full = _dense_flags(kind)
+        names = (f"b{e}", n, "t", "s")
+        # A broadcast (size-1) dimension gets a factor of its own.
+        parts = [names[d] if full[d] else f"u{i}x{d}" for d in range(4)]
+        return " ".join(([outer] if outer else []) + parts)
+
+    ins = ", ".join(spell(x, i) for i, x in enumerate(kinds_in))
+    outs = ", ".join(spell(x, len(kinds_in) + i) for i, x in enumerate(kinds_out))
     return f"{ins} -> {outs}", sizes
+
+
+def dense_kind(shape, batch: int, heads: int) -> str:
+    """The kind of a dense [..., Bb, Nb, Tb, Sb] operand against [batch, heads, T, S]."""
+    b, n, t, s = shape[-4:]
+    return "dense" + "".join("1" if x > 1 or full == 1 else "0"
+                             for x, full in ((b, batch), (n, heads), (t, 2), (s, 2)))
+
+
+def _is_dense(kind: str) -> bool:
+    return kind.startswith("dense")
+
+
+def _dense_flags(kind: str) -> tuple[bool, ...]:
+    return tuple(c == "1" for c in kind[5:])
 
 
 def _shape(ir_type) -> tuple[int, ...]:
@@ -236,26 +265,59 @@ def _entry(axes):
 def _shardings(mesh, kinds, batch, heads):
     b = [_entry(a) for a in batch]
     n = _entry(heads)
-    specs = {_Q: P(*b, None, n, None), _KV: P(*b, None, n, None), _LSE: P(*b, None, n), _LEN: P(*b)}
-    return tuple(NamedSharding(mesh, specs[x]) for x in kinds)
+    specs = {_Q: P(*b, None, n, None), _KV: P(*b, None, n, None), _LSE: P(*b, None, n), _LEN: P(*b),
+             _SEGQ: P(*b, None), _SEGK: P(*b, None)}
+
+    def spec(kind):
+        if not _is_dense(kind):
+            return specs[kind]
+        full_b, full_n, _, _ = _dense_flags(kind)
+        return P(*b[:-1], b[-1] if full_b else None, n if full_n else None, None, None)
+
+    return tuple(NamedSharding(mesh, spec(x)) for x in kinds)
 
 
-def _folding(local_fn):
-    """`local_fn` on rank-4 arrays, applied to arrays with extra leading dims."""
+def _reduced_axes(kind: str, batch, heads) -> tuple[str, ...]:
+    """Mesh axes a dense result must be summed over: those of the batch / heads
+    that its broadcast dimensions do not follow."""
+    full_b, full_n, _, _ = _dense_flags(kind)
+    return tuple(batch[-1] if not full_b else ()) + tuple(heads if not full_n else ())
+
+
+def _folding(local_fn, kinds_in, kinds_out):
+    """`local_fn` on rank-4 arrays, applied to arrays with extra leading dims.
+
+    Dense operands keep their own batch dimension: their extra leading dims
+    fold into one outer dimension (rank 5), which the kernels understand.
+    """
 
     def run(*args):
         lead = args[0].shape[:-3]
         if len(lead) == 1:
             return tuple(local_fn(*args))
-        flat = [a.reshape((-1,) + a.shape[len(lead):]) for a in args]
-        return tuple(o.reshape(lead + o.shape[1:]) for o in local_fn(*flat))
+        flat = [a.reshape((-1,) + a.shape[-4:]) if _is_dense(k) else a.reshape((-1,) + a.shape[len(lead):])
+                for a, k in zip(args, kinds_in)]
+        return tuple(o.reshape(lead[:-1] + o.shape[-4:]) if _is_dense(k) else o.reshape(lead + o.shape[1:])
+                     for o, k in zip(local_fn(*flat), kinds_out))
 
     return run
 
 
+def _summing(run, kinds_out, batch, heads):
+    """`run` with its dense results summed over the mesh axes they are broadcast along."""
+    axes = [_reduced_axes(k, batch, heads) if _is_dense(k) else () for k in kinds_out]
+    if not any(axes):
+        return run
+
+    def summed(*args):
+        return tuple(jax.lax.psum(o, a) if a else o for o, a in zip(run(*args), axes))
+
+    return summed
+
+
 def _make(local_fn, kinds_in, kinds_out, names):
     """custom_partitioning(local_fn) with this module's rules."""
-    run = _folding(local_fn)
+    run = _folding(local_fn, kinds_in, kinds_out)
     cp = custom_partitioning(run)
 
     def infer(mesh, arg_shapes, result_shape):
@@ -268,7 +330,7 @@ def _make(local_fn, kinds_in, kinds_out, names):
         batch, heads = _choose(mesh, arg_shapes, names, strict=True)
         return (
             mesh,
-            run,
+            _summing(run, kinds_out, batch, heads),
             _shardings(mesh, kinds_out, batch, heads),
             _shardings(mesh, kinds_in, batch, heads),
         )
@@ -323,15 +385,16 @@ def _with_vma(x, varying: frozenset, want: frozenset):
     return x
 
 
-def typed_per_device(ffi_fn):
-    """`ffi_fn` (a kernel's FFI call: forward (q, k, v) or backward (q, k, v, out,
-    lse, dout, dlse)) with results typed for shard_map.
+def typed_per_device(ffi_fn, extra_grad_args=()):
+    """`ffi_fn` (a kernel's FFI call: forward (q, k, v, ...) or backward (q, k, v,
+    out, lse, dout, dlse, ...)) with results typed for shard_map.
 
     ``ffi_call`` results vary over no manual axis, which shard_map's type
     checks (custom_vjp, platform_dependent, out_specs) reject. Forward results
-    vary like the union of the inputs; each gradient like its input, summed
-    over the axes that only the other inputs vary along. Outside shard_map
-    this returns ``ffi_fn``'s results unchanged.
+    vary like the union of the inputs; each gradient like its input (q, k, v,
+    then the inputs at ``extra_grad_args``), summed over the axes that only
+    the other inputs vary along. Outside shard_map this returns ``ffi_fn``'s
+    results unchanged.
     """
 
     def fn(*args):
@@ -341,7 +404,8 @@ def typed_per_device(ffi_fn):
             return outs
         if len(outs) == len(_FWD_OUT):
             return tuple(_with_vma(o, varying, varying) for o in outs)
-        return tuple(_with_vma(g, varying, _vma(x)) for g, x in zip(outs, args))
+        primals = args[:3] + tuple(args[i] for i in extra_grad_args)
+        return tuple(_with_vma(g, varying, _vma(x)) for g, x in zip(outs, primals))
 
     return fn
 
@@ -384,6 +448,7 @@ def _explicit(mesh, local_fn, kinds_in, kinds_out, names, args):
         n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == jax.sharding.AxisType.Explicit
     )
     args = [jax.sharding.reshard(a, sp) for a, sp in zip(args, in_specs)]
+    local_fn = _summing(local_fn, kinds_out, batch, heads)
     fn = jax.shard_map(local_fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=explicit)
     return tuple(fn(*args))
 
@@ -409,20 +474,25 @@ def _partitioned(local_fn, kinds_in, kinds_out, names):
     return jax.jit(_batchable(_make(local_fn, kinds_in, kinds_out, names)), inline=True)
 
 
-def partitioned_forward(local_fn, q, k, v, *lengths):
-    """``local_fn(q, k, v[, q_lengths, kv_lengths]) -> (out, lse)`` run shard by
-    shard (batch/heads) under jit; the optional lengths [B] shard like the batch."""
-    kinds, names = (_FWD_IN + _LEN_IN, _FWD_NAMES + _LEN_NAMES) if lengths else (_FWD_IN, _FWD_NAMES)
-    return tuple(_wrapped(local_fn, kinds, _FWD_OUT, names)(q, k, v, *lengths))
+def partitioned_forward(local_fn, q, k, v, extras=(), extra_kinds=()):
+    """``local_fn(q, k, v, *extras) -> (out, lse)`` run shard by shard
+    (batch/heads) under jit; ``extras`` are mask operands of ``extra_kinds``
+    ("len", "segq", "segk", or ``dense_kind(...)``)."""
+    kinds = _FWD_IN + tuple(extra_kinds)
+    names = _FWD_NAMES + tuple(extra_kinds)
+    return tuple(_wrapped(local_fn, kinds, _FWD_OUT, names)(q, k, v, *extras))
 
 
-def partitioned_backward(local_fn, q, k, v, out, lse, dout, dlse, *lengths):
-    """``local_fn(q, k, v, out, lse, dout, dlse[, q_lengths, kv_lengths]) -> (dq, dk, dv)``
-    run shard by shard."""
-    args = (q, k, v, out, lse, dout, dlse, *lengths)
-    kinds, names = (_BWD_IN + _LEN_IN, _BWD_NAMES + _LEN_NAMES) if lengths else (_BWD_IN, _BWD_NAMES)
-    grads = tuple(_wrapped(local_fn, kinds, _BWD_OUT, names)(*args))
+def partitioned_backward(local_fn, q, k, v, out, lse, dout, dlse, extras=(), extra_kinds=(), extra_out=()):
+    """``local_fn(q, k, v, out, lse, dout, dlse, *extras) -> (dq, dk, dv, *extra
+    gradients)`` run shard by shard; ``extra_out`` are the kinds of the extra
+    gradients (the dense bias's)."""
+    args = (q, k, v, out, lse, dout, dlse, *extras)
+    kinds = _BWD_IN + tuple(extra_kinds)
+    names = _BWD_NAMES + tuple(extra_kinds)
+    grads = tuple(_wrapped(local_fn, kinds, _BWD_OUT + tuple(extra_out), names)(*args))
     if _explicit_mesh() is not None:
         # custom_vjp wants each gradient typed (sharded) exactly like its input.
-        grads = tuple(jax.sharding.reshard(g, jax.typeof(x).sharding.spec) for g, x in zip(grads, (q, k, v)))
+        primals = (q, k, v) + tuple(x for x, kd in zip(extras, extra_kinds) if kd in extra_out)
+        grads = tuple(jax.sharding.reshard(g, jax.typeof(x).sharding.spec) for g, x in zip(grads, primals))
     return grads

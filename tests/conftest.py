@@ -60,12 +60,13 @@ def random_inputs(shape_q, shape_kv, dtype, *, device=None, count=3, seed=None):
     return out
 
 
-def plain_attention(q, k, v, *, scale, is_causal, mask=None, softcap=None):
+def plain_attention(q, k, v, *, scale, is_causal, mask=None, softcap=None, bias=None):
     """Attention computed by plain JAX entirely in the input dtype (the error yardstick).
 
-    `mask`: optional bool [T, S] or [B, T, S] of visible keys (ANDed with
-    is_causal); rows with no visible key give 0. `softcap`: logits become
-    softcap * tanh(logits / softcap) before masking.
+    `mask`: optional bool [T, S], [B, T, S] or (rank 4) broadcastable to
+    [B, N, T, S], of visible keys (ANDed with is_causal); rows with no visible
+    key give 0. `softcap`: logits become softcap * tanh(logits / softcap),
+    then `bias` (broadcastable to [B, N, T, S]) is added, before masking.
     """
     g = q.shape[2] // k.shape[2]
     k = jnp.repeat(k, g, axis=2)
@@ -74,12 +75,15 @@ def plain_attention(q, k, v, *, scale, is_causal, mask=None, softcap=None):
     if softcap is not None:
         c = jnp.asarray(softcap, q.dtype)
         s = c * jnp.tanh(s / c)
+    if bias is not None:
+        s = s + jnp.asarray(bias).astype(q.dtype)
     if is_causal:
         T, S = q.shape[1], k.shape[1]
         s = jnp.where(jnp.arange(S)[None, :] <= jnp.arange(T)[:, None], s, -jnp.inf)
     if mask is not None:
         mask = jnp.asarray(mask)
-        s = jnp.where(mask[None, None] if mask.ndim == 2 else mask[:, None], s, -jnp.inf)
+        mask = {2: lambda m: m[None, None], 3: lambda m: m[:, None], 4: lambda m: m}[mask.ndim](mask)
+        s = jnp.where(mask, s, -jnp.inf)
         empty = jnp.all(s == -jnp.inf, axis=-1, keepdims=True)
         s = jnp.where(empty, 0, s)  # no NaN: the row is zeroed below
         p = jnp.where(empty, 0, jax.nn.softmax(s, axis=-1))

@@ -6,8 +6,8 @@ import numpy as np
 
 
 def _visible(T: int, S: int, is_causal: bool, rows=None, window=None, q_lengths=None,
-             kv_lengths=None) -> np.ndarray:
-    """[T', S] bool without lengths, [B, T', S] with them (T' = len(rows) or T)."""
+             kv_lengths=None, q_segment_ids=None, kv_segment_ids=None) -> np.ndarray:
+    """[T', S] bool without lengths or segments, [B, T', S] with them (T' = len(rows) or T)."""
     rows = np.arange(T) if rows is None else np.asarray(rows)
     r = rows[:, None]
     c = np.arange(S)[None, :]
@@ -23,7 +23,27 @@ def _visible(T: int, S: int, is_causal: bool, rows=None, window=None, q_lengths=
             vis = vis & (r[None] < np.asarray(q_lengths)[:, None, None])
         if kv_lengths is not None:
             vis = vis & (c[None] < np.asarray(kv_lengths)[:, None, None])
+    if q_segment_ids is not None:
+        qs = np.asarray(q_segment_ids)[:, rows]
+        vis = vis & (qs[:, :, None] == np.asarray(kv_segment_ids)[:, None, :])
     return vis
+
+
+def _logits_mask(s, vis, bias, mask):
+    """Adds the dense bias to logits [B, N, T, S] and applies the visibility and dense mask."""
+    if bias is not None:
+        s = s + np.asarray(bias, np.float64)
+    vis = _bcast(vis)
+    if mask is not None:
+        vis = vis & np.asarray(mask, bool)
+    return np.where(vis, s, -np.inf)
+
+
+def _reduce_to(x: np.ndarray, shape) -> np.ndarray:
+    """Sums x over the dimensions that broadcasting `shape` to x.shape expanded."""
+    shape = (1,) * (x.ndim - len(shape)) + tuple(shape)
+    axes = tuple(i for i, (a, b) in enumerate(zip(shape, x.shape)) if a == 1 and b != 1)
+    return x.sum(axis=axes, keepdims=True)
 
 
 def _bcast(vis: np.ndarray) -> np.ndarray:
@@ -47,8 +67,11 @@ def _probs(s):
 
 
 def forward(q, k, v, *, scale: float, is_causal: bool, rows=None, window=None, q_lengths=None,
-            kv_lengths=None, softcap=None):
-    """(out [B, T', N, H], lse [B, T', N]) in float64; `rows` picks query rows."""
+            kv_lengths=None, softcap=None, q_segment_ids=None, kv_segment_ids=None, bias=None, mask=None):
+    """(out [B, T', N, H], lse [B, T', N]) in float64; `rows` picks query rows.
+
+    Logits: softcap(scale * q.k) + bias, then masked; bias and mask
+    broadcastable to [B, N, T, S] (not with `rows`)."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     T = q.shape[1]
     if rows is not None:
@@ -58,8 +81,8 @@ def forward(q, k, v, *, scale: float, is_causal: bool, rows=None, window=None, q
     s = np.einsum("btnh,bsnh->bnts", q, k) * scale
     if softcap is not None:
         s = softcap * np.tanh(s / softcap)
-    vis = _visible(T, k.shape[1], is_causal, rows, window, q_lengths, kv_lengths)
-    s = np.where(_bcast(vis), s, -np.inf)
+    vis = _visible(T, k.shape[1], is_causal, rows, window, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids)
+    s = _logits_mask(s, vis, bias, mask)
     p, m, l = _probs(s)
     out = np.einsum("bnts,bsnh->btnh", p, v)
     lse = np.where(l[..., 0] > 0, np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)) + m[..., 0], -np.inf)
@@ -67,8 +90,9 @@ def forward(q, k, v, *, scale: float, is_causal: bool, rows=None, window=None, q
 
 
 def backward(q, k, v, dout, *, scale: float, is_causal: bool, dlse=None, window=None, q_lengths=None,
-             kv_lengths=None, softcap=None):
-    """(dq, dk, dv) in float64 of sum(out * dout) + sum(lse * dlse)."""
+             kv_lengths=None, softcap=None, q_segment_ids=None, kv_segment_ids=None, bias=None, mask=None):
+    """(dq, dk, dv) in float64 of sum(out * dout) + sum(lse * dlse); with a
+    bias also dbias (summed to the bias's shape)."""
     q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
@@ -78,18 +102,19 @@ def backward(q, k, v, dout, *, scale: float, is_causal: bool, dlse=None, window=
     if softcap is not None:
         t = np.tanh(s / softcap)
         s = softcap * t
-    vis = _visible(T, S, is_causal, None, window, q_lengths, kv_lengths)
-    s = np.where(_bcast(vis), s, -np.inf)
+    vis = _visible(T, S, is_causal, None, window, q_lengths, kv_lengths, q_segment_ids, kv_segment_ids)
+    s = _logits_mask(s, vis, bias, mask)
     p, _, _ = _probs(s)
     dv = np.einsum("bnts,btnh->bsnh", p, dout)
     dp = np.einsum("btnh,bsnh->bnts", dout, ve)
     ds = p * (dp - (dp * p).sum(-1, keepdims=True))
     if dlse is not None:
         ds += p * np.asarray(dlse, np.float64).transpose(0, 2, 1)[..., None]
+    dbias = None if bias is None else _reduce_to(ds, np.shape(bias)).reshape(np.shape(bias))
     if softcap is not None:
         ds = ds * (1 - t * t)
     dq = np.einsum("bnts,bsnh->btnh", ds, ke) * scale
     dk = np.einsum("bnts,btnh->bsnh", ds, q) * scale
     dk = dk.reshape(B, S, K, g, H).sum(3)
     dv = dv.reshape(B, S, K, g, H).sum(3)
-    return dq, dk, dv
+    return (dq, dk, dv) if bias is None else (dq, dk, dv, dbias)

@@ -17,13 +17,19 @@ def _call(target, out_types, *args, **attrs):
 
 def _attrs():
     return {"scale": np.float32(0.25), "is_causal": False, "window_left": np.int32(-1),
-            "window_right": np.int32(-1), "softcap": np.float32(0.0)}
+            "window_right": np.int32(-1), "softcap": np.float32(0.0), "has_segments": False,
+            "has_bias": False, "has_mask": False}
 
 
-def _lengths(q, k):
-    """The CPU targets' q_lengths, kv_lengths inputs (full lengths)."""
+def _lengths(q, k, segments=None, bias=None, mask=None):
+    """The CPU targets' mask operands: full lengths, then segment ids, bias, mask
+    (placeholders where None)."""
     B = q.shape[0]
-    return jnp.full((B,), q.shape[1], jnp.int32), jnp.full((B,), k.shape[1], jnp.int32)
+    none = jnp.zeros((1,), jnp.int32)
+    return (jnp.full((B,), q.shape[1], jnp.int32), jnp.full((B,), k.shape[1], jnp.int32),
+            *(segments if segments is not None else (none, none)),
+            jnp.zeros((1, 1, 1, 1), jnp.float32) if bias is None else bias,
+            jnp.ones((1, 1, 1, 1), bool) if mask is None else mask)
 
 
 def test_cpu_handler_rejects_mismatched_heads():
@@ -53,10 +59,27 @@ def test_cpu_handler_rejects_bad_mask_inputs():
     outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32))
     short = jnp.full((1,), 4, jnp.int32)
     with pytest.raises(Exception, match=r"lengths must hold one int32 per batch entry"):
-        jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, short, short, **_attrs()))(q))
+        jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, short, short,
+                                                      *_lengths(q, q)[2:], **_attrs()))(q))
     bad = dict(_attrs(), window_left=np.int32(-2))
     with pytest.raises(Exception, match=r"window sizes must be >= 0"):
         jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, *_lengths(q, q), **bad))(q))
     bad = dict(_attrs(), softcap=np.float32(-1.0))
     with pytest.raises(Exception, match=r"soft cap must be finite and >= 0"):
         jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, *_lengths(q, q), **bad))(q))
+
+
+@pytest.mark.parametrize("what,operands,match", [
+    ("has_segments", dict(segments=(jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 4), jnp.int32))),
+     r"segment ids must be int32 \[batch, T\] and \[batch, S\]"),
+    ("has_bias", dict(bias=jnp.zeros((2, 2, 4, 3), jnp.float32)), r"bias dims \[2, 2, 4, 3\] do not broadcast"),
+    ("has_bias", dict(bias=jnp.zeros((4, 3), jnp.float32)), r"bias must have rank >= 4"),
+    ("has_mask", dict(mask=jnp.ones((3, 1, 1, 1, 1), bool)), r"mask leading dimensions .* do not divide the batch 2"),
+])
+def test_cpu_handler_rejects_bad_dense_masks(what, operands, match):
+    q = jnp.ones((2, 4, 2, 8), jnp.float32)
+    outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32))
+    attrs = dict(_attrs(), **{what: True})
+    with pytest.raises(Exception, match=match):
+        jax.block_until_ready(jax.jit(lambda q: _call("jaxattn_cpu_fwd", outs, q, q, q, *_lengths(q, q, **operands),
+                                                      **attrs))(q))

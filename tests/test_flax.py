@@ -94,15 +94,37 @@ def test_linen_causal_via_is_causal_partial():
         close(jax.jit(ours.apply)(params, x), stock.apply(params, x, mask=mask), jnp.float32)
 
 
-def test_linen_dense_causal_mask_falls_back_and_matches():
+def test_linen_dense_masks_run_jaxattn():
+    """jax.Array masks (traced under jit) reach the kernel as its dense mask."""
     T = 17
     x = jax.random.normal(jax.random.key(0), (2, T, 32))
     stock, ours = _linen_pair(jnp.float32)
     params = stock.init(jax.random.key(1), x)
-    mask = nn.make_causal_mask(jnp.ones((2, T)))  # a jax.Array: never inspected
-    with pytest.warns(jf.FallbackWarning, match="dense mask"):
-        out = ours.apply(params, x, mask=mask)
-    close(out, stock.apply(params, x, mask=mask), jnp.float32)
+    causal = nn.make_causal_mask(jnp.ones((2, T)))
+    keep = jnp.arange(T)[None, :] < jnp.asarray([[T], [11]])  # key padding of the second row
+    padding = nn.make_attention_mask(jnp.ones((2, T), bool), keep)
+    both = nn.combine_masks(causal, padding)
+    with no_fallback():
+        for mask in (causal, padding, both):
+            fn = lambda p, x, m: ours.apply(p, x, mask=m)
+            assert uses_jaxattn(fn, params, x, mask)
+            close(jax.jit(fn)(params, x, mask), stock.apply(params, x, mask=mask), jnp.float32)
+            g = jax.grad(lambda p: jnp.sum(jnp.sin(ours.apply(p, x, mask=mask))))(params)
+            g_ref = jax.grad(lambda p: jnp.sum(jnp.sin(stock.apply(p, x, mask=mask))))(params)
+            close(g, g_ref, jnp.float32, scale=5)
+
+
+def test_query_padding_rows_are_zero():
+    """Fully masked query rows give 0 (flax's stock function gives the mean of the values there)."""
+    q, k, v = (jax.random.normal(key, (2, 9, 4, 8)) for key in jax.random.split(jax.random.key(0), 3))
+    valid = jnp.arange(9)[None, :] < jnp.asarray([[9], [5]])
+    mask = nn.make_attention_mask(valid, valid)  # [2, 1, 9, 9]
+    with no_fallback():
+        out = jf.attention_fn(q, k, v, mask=mask)
+    ref = nn.dot_product_attention(q, k, v, mask=mask)
+    rows = np.asarray(valid)  # [B, T]
+    np.testing.assert_allclose(np.asarray(out)[rows], np.asarray(ref)[rows], atol=2e-5, rtol=2e-5)
+    np.testing.assert_array_equal(np.asarray(out)[~rows], 0.0)
 
 
 def test_numpy_causal_mask_is_recognised():
@@ -114,14 +136,16 @@ def test_numpy_causal_mask_is_recognised():
     everything = np.ones((2, 1, T, T), bool)
     with no_fallback():
         for mask in (causal, everything):
-            assert uses_jaxattn(lambda p, x: ours.apply(p, x, mask=mask), params, x)
+            hlo = jax.jit(lambda p, x: ours.apply(p, x, mask=mask)).lower(params, x).as_text()
+            # The recognised mask is not passed to the kernel (causal blocks are skipped instead).
+            assert "jaxattn_" in hlo and "has_mask = false" in hlo and "has_mask = true" not in hlo
             close(ours.apply(params, x, mask=mask), stock.apply(params, x, mask=jnp.asarray(mask)), jnp.float32)
-    # A NumPy mask that is neither still falls back, and still matches.
-    padding = np.ones((2, 1, T, T), bool)
-    padding[:, :, :, -3:] = False
-    with pytest.warns(jf.FallbackWarning, match="dense mask"):
-        out = ours.apply(params, x, mask=padding)
-    close(out, stock.apply(params, x, mask=padding), jnp.float32)
+        # A NumPy mask that is neither runs as a dense mask, and matches.
+        padding = np.ones((2, 1, T, T), bool)
+        padding[:, :, :, -3:] = False
+        hlo = jax.jit(lambda p, x: ours.apply(p, x, mask=padding)).lower(params, x).as_text()
+        assert "has_mask = true" in hlo
+        close(ours.apply(params, x, mask=padding), stock.apply(params, x, mask=padding), jnp.float32)
 
 
 def test_dropout_falls_back_and_warns_once():
@@ -153,12 +177,39 @@ def test_linen_sow_weights_falls_back():
     close(state, ref_state, jnp.float32)
 
 
-def test_bias_and_unsupported_dtype_fall_back():
+@pytest.mark.parametrize("shape", [(2, 4, 9, 9), (1, 4, 9, 9), (2, 1, 1, 9), (9, 9)], ids=str)
+def test_bias_runs_jaxattn_with_gradient(shape):
     q, k, v = (jax.random.normal(key, (2, 9, 4, 8)) for key in jax.random.split(jax.random.key(0), 3))
-    bias = jax.random.normal(jax.random.key(1), (2, 4, 9, 9))
-    with pytest.warns(jf.FallbackWarning, match="bias"):
-        out = jf.attention_fn(q, k, v, bias=bias)
-    close(out, nn.dot_product_attention(q, k, v, bias=bias), jnp.float32)
+    bias = jax.random.normal(jax.random.key(1), shape)
+    mask = jax.random.uniform(jax.random.key(2), (2, 1, 9, 9)) > 0.2
+    mask = mask.at[:, :, :, 0].set(True)  # no fully masked row (flax averages those)
+    loss = lambda fn: lambda q, k, v, b: jnp.sum(jnp.sin(fn(q, k, v, bias=b, mask=mask)))
+    with no_fallback():
+        assert uses_jaxattn(lambda b: jf.attention_fn(q, k, v, bias=b, mask=mask), bias)
+        close(jf.attention_fn(q, k, v, bias=bias, mask=mask), nn.dot_product_attention(q, k, v, bias=bias, mask=mask),
+              jnp.float32)
+        g = jax.grad(loss(jf.attention_fn), argnums=(0, 1, 2, 3))(q, k, v, bias)
+    g_ref = jax.grad(loss(nn.dot_product_attention), argnums=(0, 1, 2, 3))(q, k, v, bias)
+    assert g[3].shape == bias.shape
+    close(g, g_ref, jnp.float32, scale=5)
+
+
+def test_bias_many_batch_dims_and_partial_broadcast():
+    keys = jax.random.split(jax.random.key(0), 4)
+    q, k, v = (jax.random.normal(key, (2, 3, 9, 4, 8)) for key in keys[:3])
+    for shape in [(2, 1, 4, 9, 9), (1, 3, 1, 9, 9), (1, 1, 1, 1, 9), (2, 3, 4, 9, 9)]:
+        bias = jax.random.normal(keys[3], shape)
+        with no_fallback():
+            out = jf.attention_fn(q, k, v, bias=bias)
+        close(out, nn.dot_product_attention(q, k, v, bias=bias), jnp.float32)
+
+
+def test_bad_bias_and_unsupported_dtype_fall_back():
+    q, k, v = (jax.random.normal(key, (2, 9, 4, 8)) for key in jax.random.split(jax.random.key(0), 3))
+    bias = jax.random.normal(jax.random.key(1), (2, 4, 9, 1, 9))  # not [batch..., N, T, S]
+    with pytest.warns(jf.FallbackWarning, match="bias of shape"):
+        with pytest.raises(Exception):  # flax itself rejects it too
+            jf.attention_fn(q, k, v, bias=bias)
     q16 = q.astype(jnp.float16)
     with no_fallback():
         out = jf.attention_fn(q16, k, v, dtype=jnp.bfloat16)  # dtype casts all three
@@ -211,15 +262,15 @@ def test_nnx_dropin_matches_stock_gqa(dtype, is_causal):
 
 
 @pytest.mark.filterwarnings("ignore:Using 'Module.sow\\(\\)' outside:DeprecationWarning")
-def test_nnx_mask_and_sow_fall_back():
-    kw = dict(num_heads=4, in_features=32, decode=False)
+def test_nnx_mask_runs_jaxattn_and_sow_falls_back():
+    kw = dict(num_heads=4, in_features=32, num_kv_heads=2, decode=False)
     stock = nnx.MultiHeadAttention(**kw, rngs=nnx.Rngs(0))
     ours = nnx.MultiHeadAttention(**kw, attention_fn=jf.attention_fn, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, 13, 32))
-    mask = nnx.make_causal_mask(jnp.ones((2, 13)))
-    with pytest.warns(jf.FallbackWarning, match="dense mask"):
-        out = ours(x, mask=mask)
-    close(out, stock(x, mask=mask), jnp.float32)
+    mask = nnx.combine_masks(nnx.make_causal_mask(jnp.ones((2, 13))),
+                             nnx.make_attention_mask(jnp.ones((2, 13), bool), jnp.arange(13)[None] < 10))
+    with no_fallback():
+        close(ours(x, mask=mask), stock(x, mask=mask), jnp.float32)
     with pytest.warns(jf.FallbackWarning, match="sowing"):
         ours(x, sow_weights=True)
     stock(x, sow_weights=True)

@@ -1,5 +1,5 @@
 """Mask options: local_window_size, query_seq_lengths, key_value_seq_lengths,
-and logits_soft_cap.
+logits_soft_cap, q_segment_ids / kv_segment_ids, and the dense bias and mask.
 
 The CPU kernel and the pure-JAX reference against the float64 reference
 (tests/reference64.py), forward and gradients, each feature alone and in
@@ -41,23 +41,45 @@ def _kwargs(window, ql, kl):
     return dict(local_window_size=window, query_seq_lengths=_lengths(ql), key_value_seq_lengths=_lengths(kl))
 
 
-def _mask64(T, S, is_causal, window, ql, kl):
-    return reference64._visible(T, S, is_causal, None, window, ql, kl)
+def _mask64(T, S, is_causal, window, ql, kl, segs=None, mask=None):
+    """Visible keys for the plain-JAX yardstick: [T, S] / [B, T, S], or rank 4 with a dense mask."""
+    qs, ks = segs if segs is not None else (None, None)
+    vis = reference64._visible(T, S, is_causal, None, window, ql, kl, qs, ks)
+    if mask is None:
+        return vis
+    mask = np.asarray(mask, bool)
+    return reference64._bcast(vis) & mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+
+
+def _dense_kwargs(segs, bias, mask):
+    """flash_attention keywords of the segment ids / dense bias / mask (numpy -> jnp)."""
+    kw = {}
+    if segs is not None:
+        kw.update(q_segment_ids=jnp.asarray(segs[0], jnp.int32), kv_segment_ids=jnp.asarray(segs[1], jnp.int32))
+    if bias is not None:
+        kw["bias"] = jnp.asarray(bias)
+    if mask is not None:
+        kw["mask"] = jnp.asarray(mask, bool)
+    return kw
 
 
 def check_forward(impl, B, T, S, N, K, H, dtype, *, is_causal=False, window=None, ql=None, kl=None,
-                  softcap=None):
+                  softcap=None, segs=None, bias=None, mask=None):
     q, k, v = random_inputs((B, T, N, H), (B, S, K, H), dtype)
     scale = 1.0 / np.sqrt(H)
-    out, lse = jax.jit(lambda q, k, v, ql_, kl_: jaxattn.flash_attention(
+    dense = _dense_kwargs(segs, bias, mask)
+    out, lse = jax.jit(lambda q, k, v, ql_, kl_, dense: jaxattn.flash_attention(
         q, k, v, is_causal=is_causal, return_residual=True, implementation=impl,
         local_window_size=window, query_seq_lengths=ql_, key_value_seq_lengths=kl_,
-        logits_soft_cap=softcap))(
-            q, k, v, _lengths(ql), _lengths(kl))
+        logits_soft_cap=softcap, **dense))(
+            q, k, v, _lengths(ql), _lengths(kl), dense)
+    qs, ks = segs if segs is not None else (None, None)
     ref_out, ref_lse = reference64.forward(q, k, v, scale=scale, is_causal=is_causal, window=window,
-                                           q_lengths=ql, kv_lengths=kl, softcap=softcap)
+                                           q_lengths=ql, kv_lengths=kl, softcap=softcap, q_segment_ids=qs,
+                                           kv_segment_ids=ks, bias=bias, mask=mask)
     plain = plain_attention(q, k, v, scale=scale, is_causal=False,
-                            mask=_mask64(T, S, is_causal, window, ql, kl), softcap=softcap)
+                            mask=_mask64(T, S, is_causal, window, ql, kl, segs, mask), softcap=softcap,
+                            bias=bias)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert_close("out", out, plain, ref_out, dtype)
     lse = np.asarray(lse)
@@ -69,32 +91,37 @@ def check_forward(impl, B, T, S, N, K, H, dtype, *, is_causal=False, window=None
 
 
 def check_backward(impl, B, T, S, N, K, H, dtype, *, is_causal=False, window=None, ql=None, kl=None,
-                   with_lse=False, softcap=None):
+                   with_lse=False, softcap=None, segs=None, bias=None, mask=None):
+    """dq, dk, dv (and dbias with a bias) against the float64 reference."""
     q, k, v, dout = random_inputs((B, T, N, H), (B, S, K, H), dtype, count=4)
     scale = 1.0 / np.sqrt(H)
     dlse = jnp.asarray(np.random.default_rng(T + 7 * S).standard_normal((B, T, N)), jnp.float32)
-    kw = dict(_kwargs(window, ql, kl), logits_soft_cap=softcap)
+    kw = dict(_kwargs(window, ql, kl), logits_soft_cap=softcap, **_dense_kwargs(segs, None, mask))
+    b0 = jnp.zeros(()) if bias is None else jnp.asarray(bias)
 
-    def loss(q, k, v):
+    def loss(q, k, v, b):
         out, lse = jaxattn.flash_attention(q, k, v, is_causal=is_causal, return_residual=True,
-                                           implementation=impl, **kw)
+                                           implementation=impl, bias=None if bias is None else b, **kw)
         total = jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
         # lse is -inf on empty rows: its cotangent there must not matter.
         return total + (jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * dlse) if with_lse else 0.0)
 
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    argnums = (0, 1, 2) if bias is None else (0, 1, 2, 3)
+    grads = jax.jit(jax.grad(loss, argnums=argnums))(q, k, v, b0)
+    qs, ks = segs if segs is not None else (None, None)
     refs = reference64.backward(q, k, v, dout, scale=scale, is_causal=is_causal, window=window,
                                 q_lengths=ql, kv_lengths=kl, dlse=np.asarray(dlse) if with_lse else None,
-                                softcap=softcap)
-    mask = _mask64(T, S, is_causal, window, ql, kl)
+                                softcap=softcap, q_segment_ids=qs, kv_segment_ids=ks, bias=bias, mask=mask)
+    vis = _mask64(T, S, is_causal, window, ql, kl, segs, mask)
     if with_lse:
         plain_grads = tuple(jnp.asarray(r, dtype) for r in refs)
     else:
         plain_grads = jax.grad(
-            lambda q, k, v: jnp.sum(plain_attention(q, k, v, scale=scale, is_causal=False, mask=mask,
-                                                    softcap=softcap) * dout),
-            argnums=(0, 1, 2))(q, k, v)
-    for name, g, x, pg, r in zip(("dq", "dk", "dv"), grads, (q, k, v), plain_grads, refs):
+            lambda q, k, v, b: jnp.sum(plain_attention(q, k, v, scale=scale, is_causal=False, mask=vis,
+                                                       softcap=softcap, bias=None if bias is None else b) * dout),
+            argnums=argnums)(q, k, v, b0.astype(dtype))
+    primals = (q, k, v, b0)
+    for name, g, x, pg, r in zip(("dq", "dk", "dv", "dbias"), grads, primals, plain_grads, refs):
         assert g.shape == x.shape and g.dtype == x.dtype, name
         assert_close(name, g, jnp.asarray(pg), r, dtype)
 
@@ -313,6 +340,268 @@ def test_bad_softcap(cap, match):
         jaxattn.flash_attention(*_arrays(), logits_soft_cap=cap)
 
 
+# ---- segment ids (packed documents) -------------------------------------------
+
+def _packed(B, L, rng, min_len, max_len):
+    """int32 [B, L] ids of documents of random lengths packed back to back (0, 0, 1, 1, 1, 2, ...)."""
+    ids = np.zeros((B, L), np.int32)
+    for b in range(B):
+        pos, doc = 0, 0
+        while pos < L:
+            n = int(rng.integers(min_len, max_len + 1))
+            ids[b, pos:pos + n] = doc
+            pos, doc = pos + n, doc + 1
+    return ids
+
+
+def _segments(case, B, T, S):
+    rng = np.random.default_rng(abs(hash(case)) % 2**32)
+    if case == "unsorted":  # ids need not be contiguous runs
+        return rng.integers(0, 3, (B, T)).astype(np.int32), rng.integers(0, 3, (B, S)).astype(np.int32)
+    if T != S:  # different packings; some query documents have no key
+        return _packed(B, T, rng, 20, 90), _packed(B, S, rng, 10, 200)
+    ids = _packed(B, T, rng, 20, 130)
+    return ids, ids
+
+
+# (T, S, K, options) with B = 2, N = 4, H = 32.
+SEG_CASES = {
+    "packed": (300, 300, 2, {}),
+    "packed_causal": (300, 300, 2, dict(is_causal=True)),
+    "unsorted": (150, 300, 2, dict(is_causal=True)),
+    "x_lengths": (300, 300, 2, dict(is_causal=True, ql=[250, 300], kl=[300, 170])),
+    "x_window": (300, 300, 2, dict(window=(40, 10))),
+    "x_gqa": (300, 300, 1, dict(is_causal=True)),
+    "cross": (150, 300, 2, {}),
+}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(SEG_CASES))
+def test_segments(impl, case):
+    T, S, K, kw = SEG_CASES[case]
+    segs = _segments(case, 2, T, S)
+    check_forward(impl, 2, T, S, 4, K, 32, jnp.float32, segs=segs, **kw)
+    check_backward(impl, 2, T, S, 4, K, 32, jnp.float32, segs=segs, **kw)
+
+
+def test_segments_half_and_lse_grad():
+    segs = _segments("packed_causal", 2, 200, 200)
+    check_forward("cpu", 2, 200, 200, 4, 2, 64, jnp.bfloat16, is_causal=True, segs=segs)
+    check_backward("cpu", 2, 200, 200, 4, 2, 64, jnp.float16, is_causal=True, segs=segs)
+    check_backward("cpu", 2, 200, 200, 4, 2, 16, jnp.float32, segs=segs, softcap=2.0, with_lse=True)
+
+
+def test_segments_equal_separate_documents():
+    """Packed documents give exactly what each document gives alone (causal)."""
+    rng = np.random.default_rng(5)
+    lens = [70, 130, 1, 99]
+    L = sum(lens)
+    ids = np.repeat(np.arange(len(lens)), lens)[None].astype(np.int32)
+    q, k, v = random_inputs((1, L, 2, 16), (1, L, 2, 16), jnp.float32)
+    seg = jnp.asarray(ids)
+    packed = jaxattn.flash_attention(q, k, v, is_causal=True, q_segment_ids=seg, kv_segment_ids=seg,
+                                     implementation="cpu")
+    start = 0
+    for n in lens:
+        sl = slice(start, start + n)
+        alone = jaxattn.flash_attention(q[:, sl], k[:, sl], v[:, sl], is_causal=True, implementation="cpu")
+        np.testing.assert_allclose(np.asarray(packed[:, sl]), np.asarray(alone), atol=2e-6, rtol=2e-6)
+        start += n
+    del rng
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(q_segment_ids=jnp.zeros((2, 8), jnp.int32)), r"must be given together"),
+    (dict(q_segment_ids=jnp.zeros((2, 9), jnp.int32), kv_segment_ids=jnp.zeros((2, 12), jnp.int32)),
+     r"q_segment_ids must have shape \[B, T\] = \(2, 8\), got \(2, 9\)"),
+    (dict(q_segment_ids=jnp.zeros((2, 8), jnp.int32), kv_segment_ids=jnp.zeros((1, 12), jnp.int32)),
+     r"kv_segment_ids must have shape \[B, S\] = \(2, 12\), got \(1, 12\)"),
+    (dict(q_segment_ids=jnp.zeros((2, 8), jnp.float32), kv_segment_ids=jnp.zeros((2, 12), jnp.int32)),
+     r"q_segment_ids must be int32, got float32"),
+    (dict(q_segment_ids=jnp.zeros((2, 8), jnp.int32), kv_segment_ids=jnp.zeros((2, 12), jnp.int16)),
+     r"kv_segment_ids must be int32, got int16"),
+    (dict(q_segment_ids=np.zeros((2, 8), np.int64), kv_segment_ids=jnp.zeros((2, 12), jnp.int32)),
+     r"q_segment_ids must be int32, got int64"),
+    (dict(q_segment_ids=[[0] * 8] * 2, kv_segment_ids=jnp.zeros((2, 12), jnp.int32)),
+     r"q_segment_ids must be an int32 array"),
+])
+def test_bad_segments(kw, match):
+    with pytest.raises(ValueError, match=match):
+        jaxattn.flash_attention(*_arrays(), **kw)
+
+
+def test_segments_unbatched_and_vmap():
+    q, k, v = random_inputs((3, 40, 2, 8), (3, 40, 1, 8), jnp.float32)
+    ids = jnp.asarray(_packed(3, 40, np.random.default_rng(1), 3, 15))
+    f = lambda impl: lambda q, k, v, s: jaxattn.flash_attention(q, k, v, is_causal=True, implementation=impl,
+                                                                q_segment_ids=s, kv_segment_ids=s)
+    out = jax.vmap(f("cpu"))(q, k, v, ids)  # unbatched [T, N, H] per call
+    for i in range(3):
+        ref, _ = reference64.forward(q[i:i + 1], k[i:i + 1], v[i:i + 1], scale=1 / np.sqrt(8), is_causal=True,
+                                     q_segment_ids=ids[i:i + 1], kv_segment_ids=ids[i:i + 1])
+        np.testing.assert_allclose(np.asarray(out[i]), ref[0], atol=1e-5)
+    loss = lambda fn: lambda q, k, v: jnp.sum(jax.vmap(fn)(q, k, v, ids) ** 2)
+    g = jax.grad(loss(f("cpu")), argnums=(0, 1, 2))(q, k, v)
+    gr = jax.grad(loss(f("reference")), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(g, gr):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5)
+
+
+# ---- dense bias and mask --------------------------------------------------------
+
+def _dense(shape, kind, seed):
+    rng = np.random.default_rng(seed)
+    if kind == "bias":
+        return rng.standard_normal(shape).astype(np.float32)
+    return rng.random(shape) > 0.3
+
+
+# Shapes broadcastable to [B, N, T, S] = [2, 4, 150, 300] (rank < 4 means leading 1s).
+DENSE_SHAPES = [(2, 4, 150, 300), (1, 4, 150, 300), (2, 1, 150, 300), (150, 300), (2, 1, 1, 300),
+                (1, 4, 150, 1), (1, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("shape", DENSE_SHAPES, ids=str)
+def test_bias(impl, shape):
+    bias = _dense(shape, "bias", len(shape) + sum(shape))
+    check_forward(impl, 2, 150, 300, 4, 2, 32, jnp.float32, bias=bias)
+    check_backward(impl, 2, 150, 300, 4, 2, 32, jnp.float32, bias=bias)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("shape", DENSE_SHAPES[:-1], ids=str)
+def test_mask(impl, shape):
+    mask = _dense(shape, "mask", len(shape) + sum(shape))
+    check_forward(impl, 2, 150, 300, 4, 2, 32, jnp.float32, mask=mask)
+    check_backward(impl, 2, 150, 300, 4, 2, 32, jnp.float32, mask=mask)
+
+
+# Pairs with B = 2, T = 150, S = 300, N = 4: (K, options, bias shape, mask shape).
+DENSE_PAIRS = {
+    "bias_mask": (2, {}, (1, 4, 150, 300), (2, 1, 150, 300)),
+    "bias_causal": (2, dict(is_causal=True), (2, 4, 150, 300), None),
+    "mask_gqa": (1, {}, None, (2, 4, 150, 300)),
+    "mask_causal_window": (2, dict(is_causal=True, window=(60, 0)), None, (1, 1, 150, 300)),
+    "bias_softcap": (2, dict(softcap=1.5), (1, 1, 150, 300), None),
+    "bias_lengths": (2, dict(ql=[100, 150], kl=[300, 77]), (2, 1, 150, 300), None),
+    "all": (1, dict(is_causal=True, window=(80, 3), softcap=3.0, kl=[290, 200]), (1, 4, 150, 300),
+            (2, 1, 150, 300)),
+}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(DENSE_PAIRS))
+def test_dense_pairs(impl, case):
+    K, kw, bshape, mshape = DENSE_PAIRS[case]
+    bias = None if bshape is None else _dense(bshape, "bias", 1)
+    mask = None if mshape is None else _dense(mshape, "mask", 2)
+    check_forward(impl, 2, 150, 300, 4, K, 32, jnp.float32, bias=bias, mask=mask, **kw)
+    check_backward(impl, 2, 150, 300, 4, K, 32, jnp.float32, bias=bias, mask=mask, **kw)
+
+
+def test_bias_segments_and_lse_grad():
+    segs = _segments("packed_causal", 2, 300, 300)
+    bias = _dense((1, 4, 300, 300), "bias", 3)
+    check_backward("cpu", 2, 300, 300, 4, 2, 32, jnp.float32, is_causal=True, segs=segs, bias=bias,
+                   with_lse=True)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_dense_half_dtypes(dtype):
+    bias = _dense((1, 4, 150, 300), "bias", 4).astype(np.float32)
+    mask = _dense((2, 1, 150, 300), "mask", 5)
+    check_forward("cpu", 2, 150, 300, 4, 2, 64, dtype, bias=bias, mask=mask, is_causal=True)
+    check_backward("cpu", 2, 150, 300, 4, 2, 64, dtype, bias=bias, mask=mask, is_causal=True)
+
+
+def test_bias_dtype_follows_input():
+    q, k, v = random_inputs((2, 20, 2, 16), (2, 30, 2, 16), jnp.float32)
+    bias = jnp.asarray(_dense((2, 20, 30), "bias", 6), jnp.bfloat16)  # [N, T, S]
+    g = jax.grad(lambda b: jnp.sum(jaxattn.flash_attention(q, k, v, b, implementation="cpu") ** 2))(bias)
+    gr = jax.grad(lambda b: jnp.sum(jaxattn.flash_attention(q, k, v, b, implementation="reference") ** 2))(bias)
+    assert g.dtype == jnp.bfloat16 and g.shape == bias.shape
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(gr, np.float32), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_dense_rows_with_nothing_to_attend(impl):
+    """Rows masked out entirely by the mask, or by a -inf bias: 0, -inf, finite gradients."""
+    T, S = 40, 70
+    q, k, v, dout = random_inputs((2, T, 2, 8), (2, S, 1, 8), jnp.float32, count=4)
+    mask = _dense((2, 1, T, S), "mask", 7)
+    mask[0, 0, 3] = False
+    mask[1, 0, 10:20] = False
+    bias = _dense((1, 2, T, S), "bias", 8)
+    bias[0, 1, 25] = -np.inf
+    bias[0, 0, 30, 5:] = -np.inf  # partly -inf
+
+    def f(q, k, v, b):
+        return jaxattn.flash_attention(q, k, v, b, jnp.asarray(mask), return_residual=True, implementation=impl)
+
+    out, lse = jax.jit(f)(q, k, v, jnp.asarray(bias))
+    ref_out, ref_lse = reference64.forward(q, k, v, scale=1 / np.sqrt(8), is_causal=False, bias=bias, mask=mask)
+    empty = np.isneginf(ref_lse)
+    assert empty.sum() == 2 + 10 * 2 + 2  # row 3 (2 heads), rows 10..19 (2 heads), row 25 head 1 (2 batches)
+    np.testing.assert_array_equal(np.isneginf(np.asarray(lse)), empty)
+    np.testing.assert_allclose(np.asarray(out), ref_out, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out)[empty], 0.0)
+
+    def loss(q, k, v, b):
+        out, lse = f(q, k, v, b)
+        return jnp.sum(out * dout) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, jnp.asarray(bias))
+    refs = reference64.backward(q, k, v, dout, scale=1 / np.sqrt(8), is_causal=False, bias=bias, mask=mask,
+                                dlse=np.ones((2, T, 2)))
+    for g, r in zip(grads, refs):
+        assert np.all(np.isfinite(np.asarray(g)))
+        np.testing.assert_allclose(np.asarray(g), r, atol=1e-5)
+
+
+def test_dense_vmap():
+    """Under vmap: a batched bias / mask, and one shared across the mapped axis."""
+    q, k, v = random_inputs((3, 2, 33, 4, 16), (3, 2, 47, 2, 16), jnp.float32)
+    bias_b = jnp.asarray(_dense((3, 1, 4, 33, 47), "bias", 9))
+    bias_s = jnp.asarray(_dense((2, 1, 33, 47), "bias", 10))
+    mask_s = jnp.asarray(_dense((1, 4, 1, 47), "mask", 11))
+
+    def f(impl):
+        return lambda q, k, v, b, m: jaxattn.flash_attention(q, k, v, b, m, is_causal=True, implementation=impl)
+
+    for bias, axes in ((bias_b, (0, 0, 0, 0, None)), (bias_s, (0, 0, 0, None, None))):
+        loss = lambda fn: lambda q, k, v, b: jnp.sum(jax.vmap(fn, in_axes=axes)(q, k, v, b, mask_s) ** 2)
+        got = jax.jit(jax.value_and_grad(loss(f("cpu")), argnums=(0, 1, 2, 3)))(q, k, v, bias)
+        want = jax.value_and_grad(loss(f("reference")), argnums=(0, 1, 2, 3))(q, k, v, bias)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(bias=jnp.zeros((2, 2, 8, 11))), r"bias of shape \(2, 2, 8, 11\) does not broadcast to \[B, N, T, S\] = \(2, 2, 8, 12\)"),
+    (dict(bias=jnp.zeros((3, 1, 8, 12))), r"bias of shape \(3, 1, 8, 12\) does not broadcast"),
+    (dict(bias=jnp.zeros((1, 2, 2, 8, 12))), r"bias of shape \(1, 2, 2, 8, 12\) does not broadcast"),
+    (dict(bias=jnp.zeros((2, 2, 8, 12), jnp.int32)), r"bias must have a floating dtype, got int32"),
+    (dict(bias=1.0), r"bias must be an array, got float"),
+    (dict(mask=jnp.ones((2, 3, 8, 12), bool)), r"mask of shape \(2, 3, 8, 12\) does not broadcast"),
+    (dict(mask=jnp.ones((8, 12), jnp.float32)), r"mask must be a bool array \(True = attend\), got float32"),
+    (dict(mask=jnp.ones((8, 12), jnp.int32)), r"mask must be a bool array"),
+])
+def test_bad_dense(kw, match):
+    with pytest.raises(ValueError, match=match):
+        jaxattn.flash_attention(*_arrays(), **kw)
+
+
+def test_bad_dense_unbatched():
+    q, k, v = (x[0] for x in _arrays())
+    with pytest.raises(ValueError, match=r"bias of shape \(1, 2, 8, 12\) does not broadcast to \[N, T, S\]"):
+        jaxattn.flash_attention(q, k, v, bias=jnp.zeros((1, 2, 8, 12)))
+    out = jaxattn.flash_attention(q, k, v, bias=jnp.zeros((2, 8, 12)), mask=jnp.ones((12,), bool))
+    assert out.shape == q.shape
+
+
 # ---- bad input ---------------------------------------------------------------
 
 def _arrays(B=2, T=8, S=12):
@@ -360,6 +649,10 @@ MASKED = {
     "query_seq_lengths": dict(query_seq_lengths=jnp.asarray([3, 8], jnp.int32)),
     "key_value_seq_lengths": dict(key_value_seq_lengths=jnp.asarray([3, 8], jnp.int32)),
     "logits_soft_cap": dict(logits_soft_cap=30.0),
+    "q_segment_ids/kv_segment_ids": dict(q_segment_ids=jnp.zeros((2, 8), jnp.int32),
+                                         kv_segment_ids=jnp.zeros((2, 12), jnp.int32)),
+    "bias": dict(bias=jnp.zeros((1, 2, 8, 12))),
+    "mask": dict(mask=jnp.ones((2, 1, 8, 12), bool)),
 }
 
 
@@ -426,6 +719,59 @@ def test_sharded_batch_with_lengths(shardy, tmp_path):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     env["JAX_PLATFORMS"] = "cpu"  # 4 simulated CPU devices, also on a GPU machine
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(tmp_path),
+                       env=env, timeout=300)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+_SHARDED_DENSE = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import jaxattn
+    jax.config.update("jax_use_shardy_partitioner", {shardy})
+    mesh = jax.make_mesh((2, 2), ("b", "h"))
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((4, 33, 4, 16)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((4, 47, 2, 16)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((4, 47, 2, 16)), jnp.float32)
+    qs = jnp.asarray(np.sort(rng.integers(0, 3, (4, 33)), axis=1), jnp.int32)
+    ks = jnp.asarray(np.sort(rng.integers(0, 3, (4, 47)), axis=1), jnp.int32)
+    # Broadcast over the sharded batch (its gradient sums over the "b" shards)
+    # and full over the sharded heads; a mask full over the batch.
+    bias = jnp.asarray(rng.standard_normal((1, 4, 33, 47)), jnp.float32)
+    mask = jnp.asarray(rng.random((4, 1, 33, 47)) > 0.2)
+    sh = NamedSharding(mesh, P("b", None, "h", None))
+    ssh = NamedSharding(mesh, P("b", None))
+    args = [jax.device_put(x, s) for x, s in ((q, sh), (k, sh), (v, sh), (qs, ssh), (ks, ssh),
+            (bias, NamedSharding(mesh, P(None, "h"))), (mask, NamedSharding(mesh, P("b"))))]
+    def f(impl):
+        def attn(q, k, v, qs, ks, bias, mask):
+            return jaxattn.flash_attention(q, k, v, bias, mask, is_causal=True, implementation=impl,
+                                           q_segment_ids=qs, kv_segment_ids=ks)
+        def fn(q, k, v, qs, ks, bias, mask):
+            out = attn(q, k, v, qs, ks, bias, mask)
+            return out, jax.grad(lambda q, k, v, b: jnp.sum(attn(q, k, v, qs, ks, b, mask) ** 2),
+                                 argnums=(0, 1, 2, 3))(q, k, v, bias)
+        return fn
+    got = jax.jit(f("cpu"))(*args)
+    want = f("reference")(q, k, v, qs, ks, bias, mask)
+    assert got[0].sharding.spec[0] == "b", got[0].sharding
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5)
+    hlo = jax.jit(f("cpu")).lower(*args).compile().as_text()
+    assert "all-gather" not in hlo, "inputs were gathered"
+    print("OK")
+""")
+
+
+@pytest.mark.parametrize("shardy", [True, False])
+def test_sharded_segments_bias_mask(shardy, tmp_path):
+    script = tmp_path / "sharded_dense.py"
+    script.write_text(_SHARDED_DENSE.format(shardy=shardy))
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(tmp_path),
                        env=env, timeout=300)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]

@@ -19,8 +19,18 @@
 //    group's heads and accumulates dk, dv.
 //  * Logit soft cap (p.softcap > 0): logits become cap * tanh(logit / cap)
 //    before masking; the backward multiplies dS by 1 - tanh^2.
-//  * Visibility of key j to query i is Mask::visible; Mask::classify and
-//    the range helpers only let whole blocks be skipped or run unmasked.
+//  * Visibility of key j to query i is Mask::visible (causal, window,
+//    lengths, segment ids, dense mask); Mask::classify and the range helpers
+//    only let whole blocks be skipped or run unmasked. Segment ids skip a
+//    block when the id ranges of its queries and keys do not overlap (with
+//    sorted ids the key / query ranges are found by binary search), and a
+//    partial block is narrowed to the columns (forward, dq pass) or rows (dk,
+//    dv pass) that can be visible, so a batch of packed documents costs
+//    about what its documents cost.
+//  * A dense bias / mask is read in place through broadcast strides (Dense).
+//    The bias gradient is summed in the dq pass, whose tasks then group the
+//    (batch, head) pairs that share one bias slice (deterministic, no
+//    atomics); a bias broadcast over T sums per query block, then in order.
 //  * The workers are compiled three times (AVX-512, AVX2+FMA, SSE2) with
 //    GCC target attributes and picked at run time (JAXATTN_CPU_ISA=sse2,
 //    avx2 or avx512 forces one, for testing).
@@ -51,6 +61,38 @@ using namespace kern;
 
 enum class BlockKind { kNone, kFull, kPartial };
 
+// A contiguous [E, Bb, Nb, Tb, Sb] array (AttnParams::bias_dims) read as if
+// broadcast to [batch, N, T, S]: stride 0 on its size-1 dimensions.
+template <class E>
+struct Dense {
+  const E* data = nullptr;
+  int inner = 1;                                   // batch entries per outer entry
+  int64_t so = 0, sb = 0, sn = 0, st = 0, ss = 0;  // outer, batch, head, row, col
+
+  Dense() = default;
+  Dense(const E* d, const int dims[5], int batch) : data(d) {
+    const int64_t B = dims[1], N = dims[2], T = dims[3], S = dims[4];
+    inner = batch / dims[0];
+    ss = S > 1 ? 1 : 0;
+    st = T > 1 ? S : 0;
+    sn = N > 1 ? T * S : 0;
+    sb = B > 1 ? N * T * S : 0;
+    so = B * N * T * S;
+  }
+  // Element (b, n, 0, 0); then row i, column j at + i * st + j * ss.
+  const E* at(int b, int n) const { return data + (b / inner) * so + (b % inner) * sb + n * sn; }
+};
+
+inline void min_max(const int32_t* x, int n, int32_t* lo, int32_t* hi) {
+  int32_t a = x[0], b = x[0];
+  for (int i = 1; i < n; ++i) {
+    a = std::min(a, x[i]);
+    b = std::max(b, x[i]);
+  }
+  *lo = a;
+  *hi = b;
+}
+
 struct Mask {
   int T = 0, S = 0;
   bool causal = false;
@@ -58,21 +100,56 @@ struct Mask {
   int ql = 0, kl = 0;    // valid query rows / keys of the current batch entry
   const int32_t* q_lengths = nullptr;
   const int32_t* kv_lengths = nullptr;
+  const int32_t* qseg = nullptr;  // segment ids of the current batch entry (null: none)
+  const int32_t* kseg = nullptr;
+  bool sorted = false;            // both non-decreasing (packed documents)
+  Dense<bool> dense;              // dense mask (dense.data null: none)
+  const bool* dm = nullptr;       // ... at the current (batch, head)
+  int b = -1;
+  const AttnParams* p = nullptr;
 
   explicit Mask(const AttnParams& p)
       : T(p.seqlen_q), S(p.seqlen_k), causal(p.is_causal), wl(p.window_left), wr(p.window_right),
-        ql(p.seqlen_q), kl(p.seqlen_k), q_lengths(p.q_lengths), kv_lengths(p.kv_lengths) {}
-
-  // Selects batch entry b (its lengths); call before the other methods.
-  void set_batch(int b) {
-    ql = q_lengths ? std::clamp<int>(q_lengths[b], 0, T) : T;
-    kl = kv_lengths ? std::clamp<int>(kv_lengths[b], 0, S) : S;
+        ql(p.seqlen_q), kl(p.seqlen_k), q_lengths(p.q_lengths), kv_lengths(p.kv_lengths), p(&p) {
+    if (p.mask) dense = Dense<bool>(p.mask, p.mask_dims, p.batch);
   }
 
-  // The one visibility predicate: does query i see key j?
+  // Selects batch entry b (its lengths and segments); call before the other
+  // methods, then set_head.
+  void set_batch(int b_) {
+    const bool same = b_ == b;
+    b = b_;
+    ql = q_lengths ? std::clamp<int>(q_lengths[b], 0, T) : T;
+    kl = kv_lengths ? std::clamp<int>(kv_lengths[b], 0, S) : S;
+    if (p->q_segment_ids && !same) {
+      qseg = p->q_segment_ids + int64_t(b) * T;
+      kseg = p->kv_segment_ids + int64_t(b) * S;
+      sorted = std::is_sorted(qseg, qseg + T) && std::is_sorted(kseg, kseg + S);
+    }
+  }
+  // Selects query head n (the dense mask's slice).
+  void set_head(int n) {
+    if (dense.data) dm = dense.at(b, n);
+  }
+
+  // The one visibility predicate: does query i see key j? (The definition:
+  // mask_row applies it a row at a time, through row_keys.)
   bool visible(int i, int j) const {
     return i < ql && j < kl && (!causal || j <= i) && (wl < 0 || j >= i - wl) &&
-           (wr < 0 || j <= i + wr);
+           (wr < 0 || j <= i + wr) && (!qseg || qseg[i] == kseg[j]) &&
+           (!dm || dm[i * dense.st + j * dense.ss]);
+  }
+
+  // The keys [lo, hi) that query i may see by the positional rules (causal,
+  // window, lengths): visible(i, j) is j in [lo, hi) && the segment ids
+  // match && the dense mask allows it.
+  void row_keys(int i, int* lo, int* hi) const {
+    int64_t l = 0, h = i < ql ? kl : 0;
+    if (causal) h = std::min<int64_t>(h, int64_t(i) + 1);
+    if (wr >= 0) h = std::min<int64_t>(h, int64_t(i) + wr + 1);
+    if (wl >= 0) l = std::max<int64_t>(l, int64_t(i) - wl);
+    *lo = int(std::min<int64_t>(l, S));
+    *hi = int(std::max<int64_t>(h, 0));
   }
 
   // Rows [i0, i1) x keys [j0, j1), both non-empty: kNone if no pair is
@@ -80,7 +157,8 @@ struct Mask {
   // pair). Must agree with visible(); erring towards kPartial is safe.
   // Each constraint alone is a half-plane (or a bound on i or j): no pair
   // passes all of them if one excludes the whole block; all pairs pass when
-  // every one includes the whole block.
+  // every one includes the whole block. Segments: no pair when the id
+  // ranges of the rows and keys are disjoint; all when both hold one id.
   BlockKind classify(int i0, int i1, int j0, int j1) const {
     if (i0 >= ql || j0 >= kl) return BlockKind::kNone;
     bool full = i1 <= ql && j1 <= kl;
@@ -96,6 +174,14 @@ struct Mask {
       if (j0 > i1 - 1 + wr) return BlockKind::kNone;
       full = full && j1 - 1 <= i0 + wr;
     }
+    if (qseg) {
+      int32_t qlo, qhi, klo, khi;
+      min_max(qseg + i0, i1 - i0, &qlo, &qhi);
+      min_max(kseg + j0, j1 - j0, &klo, &khi);
+      if (qhi < klo || khi < qlo) return BlockKind::kNone;
+      full = full && qlo == qhi && klo == khi && qlo == klo;
+    }
+    if (dm) full = false;
     return full ? BlockKind::kFull : BlockKind::kPartial;
   }
 
@@ -107,6 +193,10 @@ struct Mask {
     if (causal) *hi = std::min(*hi, i1);
     if (wr >= 0) *hi = std::min<int64_t>(*hi, int64_t(i1) + wr);
     if (wl >= 0) *lo = std::max(0, i0 - wl);
+    if (sorted) {  // the keys of the tile's documents are one interval
+      *lo = std::max<int>(*lo, std::lower_bound(kseg, kseg + S, qseg[i0]) - kseg);
+      *hi = std::min<int>(*hi, std::upper_bound(kseg, kseg + S, qseg[i1 - 1]) - kseg);
+    }
     *lo = std::min(*lo, *hi);
   }
 
@@ -118,18 +208,75 @@ struct Mask {
     if (causal) *lo = std::max(*lo, j0);
     if (wr >= 0) *lo = std::max(*lo, j0 - wr);
     if (wl >= 0) *hi = std::min<int64_t>(*hi, int64_t(j1) + wl);
+    if (sorted) {  // the queries of the block's documents are one interval
+      *lo = std::max<int>(*lo, std::lower_bound(qseg, qseg + T, kseg[j0]) - qseg);
+      *hi = std::min<int>(*hi, std::upper_bound(qseg, qseg + T, kseg[j1 - 1]) - qseg);
+    }
     *lo = std::min(*lo, T);
     *hi = std::max(*hi, *lo);
   }
+
+  // The narrowest keys [lo, hi) within [j0, j1) holding every key that some
+  // query of [i0, i1) may see (hi <= lo: none): the positional range, then
+  // keys whose segment id lies outside the queries' id range are trimmed
+  // from both ends.
+  void key_span(int i0, int i1, int j0, int j1, int* lo, int* hi) const {
+    int a, b;
+    key_range(i0, i1, &a, &b);
+    a = std::max(a, j0);
+    b = std::min(b, j1);
+    if (qseg && a < b) {
+      int32_t mn, mx;
+      min_max(qseg + i0, i1 - i0, &mn, &mx);
+      while (a < b && (kseg[a] < mn || kseg[a] > mx)) ++a;
+      while (b > a && (kseg[b - 1] < mn || kseg[b - 1] > mx)) --b;
+    }
+    *lo = a;
+    *hi = b;
+  }
+
+  // The same for the queries [lo, hi) within [i0, i1) that may see a key of [j0, j1).
+  void query_span(int i0, int i1, int j0, int j1, int* lo, int* hi) const {
+    int a, b;
+    query_range(j0, j1, &a, &b);
+    a = std::max(a, i0);
+    b = std::min(b, i1);
+    if (qseg && a < b) {
+      int32_t mn, mx;
+      min_max(kseg + j0, j1 - j0, &mn, &mx);
+      while (a < b && (qseg[a] < mn || qseg[a] > mx)) ++a;
+      while (b > a && (qseg[b - 1] < mn || qseg[b - 1] > mx)) --b;
+    }
+    *lo = a;
+    *hi = b;
+  }
 };
 
-// Sets masked and padding logits of row i (keys j0 + [0, bk)) to -inf;
-// nk keys are real.
+// Sets masked and padding logits of row i (keys j0 + [0, nk)) to -inf;
+// nk keys are real. Mask::visible decomposed into loops the compiler
+// vectorizes: the positional rules give one key interval, then segment ids
+// and the dense mask are compared key by key.
 JAXATTN_AI void mask_row(const Mask& mask, BlockKind kind, int i, int j0, int nk, int bk,
                          float* s) {
   if (kind == BlockKind::kPartial) {
-    for (int j = 0; j < nk; ++j) {
-      if (!mask.visible(i, j0 + j)) s[j] = -kInf;
+    int lo, hi;
+    mask.row_keys(i, &lo, &hi);
+    lo = std::clamp(lo - j0, 0, nk);
+    hi = std::clamp(hi - j0, lo, nk);
+    for (int j = 0; j < lo; ++j) s[j] = -kInf;
+    for (int j = hi; j < nk; ++j) s[j] = -kInf;
+    if (mask.qseg) {
+      const int32_t id = mask.qseg[i];
+      const int32_t* ks = mask.kseg + j0;
+      for (int j = lo; j < hi; ++j) s[j] = ks[j] == id ? s[j] : -kInf;
+    }
+    if (mask.dm) {
+      const bool* m = mask.dm + i * mask.dense.st + j0 * mask.dense.ss;
+      if (mask.dense.ss) {
+        for (int j = lo; j < hi; ++j) s[j] = m[j] ? s[j] : -kInf;
+      } else if (!m[0]) {
+        for (int j = lo; j < hi; ++j) s[j] = -kInf;
+      }
     }
   }
   for (int j = nk; j < bk; ++j) s[j] = -kInf;
@@ -153,6 +300,39 @@ JAXATTN_AI void softcap_row(float cap, int nk, int bk, float* s, float* t) {
 // dS of the raw logits from dS of the capped ones: times 1 - tanh^2.
 JAXATTN_AI void softcap_grad_row(int bk, const float* t, float* ds) {
   for (int j = 0; j < bk; ++j) ds[j] *= 1.f - t[j] * t[j];
+}
+
+// Adds the bias of row i (keys j0 + [0, nk)) to logits in log2 units; bp is
+// the bias at (batch, head) (Dense::at), null for none.
+JAXATTN_AI void bias_row(const Dense<float>& bias, const float* bp, int i, int j0, int nk, float* s) {
+  if (!bp) return;
+  const float* src = bp + i * bias.st;
+  if (bias.ss) {
+    src += j0;
+    for (int j = 0; j < nk; ++j) s[j] += src[j] * kLog2e;
+  } else {
+    const float x = src[0] * kLog2e;
+    for (int j = 0; j < nk; ++j) s[j] += x;
+  }
+}
+
+// The columns of a key block that a query tile computes: [c0, c0 + cw) of
+// its bk (multiples of the lane count W), the first cn of them real keys.
+// A partial block is narrowed to the keys its queries may see (a packed
+// document's first block is mostly the previous document's keys).
+struct Span {
+  int c0 = 0, cw = 0, cn = 0;
+};
+
+template <int W>
+JAXATTN_AI Span block_span(const Mask& mask, BlockKind kind, int i0, int i1, int j0, int nk, int bk) {
+  if (kind != BlockKind::kPartial) return Span{0, bk, nk};
+  int lo, hi;
+  mask.key_span(i0, i1, j0, j0 + nk, &lo, &hi);
+  if (lo >= hi) return Span{};
+  const int c0 = (lo - j0) / W * W;
+  const int c1 = std::min(bk, round_up(hi - j0, W));
+  return Span{c0, c1 - c0, std::min(nk, c1) - c0};
 }
 
 // ---- per-ISA configuration ----------------------------------------------------
@@ -216,6 +396,7 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
   const int bk = key_tile(S, W);
   const int nqb = ceil_div(T, kBQ), nkb = ceil_div(S, bk);
   Mask mask(p);
+  const Dense<float> bias = p.bias ? Dense<float>(p.bias, p.bias_dims, p.batch) : Dense<float>();
   const float qmul = p.scale * kLog2e;
 
   Buf kt(size_t(nkb) * H * bk), vr(size_t(nkb) * bk * Hp), qs(size_t(kBQ) * Hp),
@@ -227,6 +408,8 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
     const int n = int((t / nqb) % N), b = int(t / nqb / N);
     if (p.is_causal) qb = nqb - 1 - qb;  // heaviest first
     mask.set_batch(b);
+    mask.set_head(n);
+    const float* bp = bias.data ? bias.at(b, n) : nullptr;
     const int kh = n / G;
     if (b != cached_b || kh != cached_kh) {
       const int64_t kbase = b * p.k_batch_stride + kh * p.k_head_stride;
@@ -258,21 +441,25 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
       const int j0 = kb * bk, nk = std::min(bk, S - j0);
       const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
       if (kind == BlockKind::kNone) continue;
-      // S = Q K^T (log2 units)
-      gemm<F, R, CV, Acc::kSet>(nq, bk, H, qs.data(), Hp, 1, kt.data() + size_t(kb) * H * bk,
-                                bk, st.data(), bk);
+      const Span sp = block_span<W>(mask, kind, i0, i0 + nq, j0, nk, bk);
+      if (sp.cw == 0) continue;
+      const int jc = j0 + sp.c0;  // first computed key
+      // S = Q K^T (log2 units), columns [c0, c0 + cw) of the block
+      gemm<F, R, CV, Acc::kSet>(nq, sp.cw, H, qs.data(), Hp, 1, kt.data() + size_t(kb) * H * bk + sp.c0,
+                                bk, st.data() + sp.c0, bk);
       // online softmax
       for (int r = 0; r < nq; ++r) {
-        float* s = st.data() + r * bk;
-        if (p.softcap > 0.f) softcap_row(p.softcap, nk, bk, s, nullptr);
-        if (kind == BlockKind::kPartial || nk < bk) mask_row(mask, kind, i0 + r, j0, nk, bk, s);
+        float* s = st.data() + r * bk + sp.c0;
+        if (p.softcap > 0.f) softcap_row(p.softcap, sp.cn, sp.cw, s, nullptr);
+        bias_row(bias, bp, i0 + r, jc, sp.cn, s);
+        if (kind == BlockKind::kPartial || sp.cn < sp.cw) mask_row(mask, kind, i0 + r, jc, sp.cn, sp.cw, s);
         F mv = vset1<F>(-kInf);
-        for (int j = 0; j < bk; j += W) mv = vmax(mv, vload<F>(s + j));
+        for (int j = 0; j < sp.cw; j += W) mv = vmax(mv, vload<F>(s + j));
         const float mnew = std::max(mrow[r], hmax(mv));
         const float muse = mnew == -kInf ? 0.f : mnew;
         alpha[r] = std::exp2(mrow[r] - muse);
         F sum = F{};
-        for (int j = 0; j < bk; j += W) {
+        for (int j = 0; j < sp.cw; j += W) {
           const F e = vexp2<F, I>(vload<F>(s + j) - muse);
           vstore(s + j, e);
           sum += e;
@@ -281,7 +468,7 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
         mrow[r] = mnew;
       }
       // O = O * alpha + P V
-      gemm<F, R, CV, Acc::kScaleAdd>(nq, Hp, nk, st.data(), bk, 1, vr.data() + size_t(j0) * Hp,
+      gemm<F, R, CV, Acc::kScaleAdd>(nq, Hp, sp.cn, st.data() + sp.c0, bk, 1, vr.data() + size_t(jc) * Hp,
                                      Hp, oacc.data(), Hp, alpha.data());
     }
 
@@ -333,9 +520,32 @@ JAXATTN_AI void ds_row(int bk, const float* pr, float d, float* dp) {
   for (int j = 0; j < bk; j += W) vstore(dp + j, vload<F>(pr + j) * (vload<F>(dp + j) - d));
 }
 
-// Pass 1: dq, and D.
+// The dq pass's tasks: (group of batch entries, group of heads, query
+// block). Without a bias gradient every group is one (batch, head); with one,
+// a group is every (batch, head) that reads one bias slice, so one task owns
+// (and sums into) each dbias element of its query block.
+struct DqGroups {
+  int num_b = 0, num_n = 0;      // groups along the batch and the heads
+  int b_count = 1, n_count = 1;  // members of each group
+  int bias_b = 1, inner = 1;     // Bb and batch entries per outer entry
+
+  explicit DqGroups(const AttnParams& p) : num_b(p.batch), num_n(p.num_heads) {
+    if (!p.dbias) return;
+    bias_b = p.bias_dims[1];
+    inner = p.batch / p.bias_dims[0];
+    num_b = p.bias_dims[0] * bias_b;
+    b_count = bias_b == 1 ? inner : 1;
+    num_n = p.bias_dims[2];
+    n_count = num_n == 1 ? p.num_heads : 1;
+  }
+  int first_b(int g) const { return (g / bias_b) * inner + (bias_b == 1 ? 0 : g % bias_b); }
+  int first_n(int g) const { return n_count == 1 ? g : 0; }
+};
+
+// Pass 1: dq, D, and dbias (when wanted) for the task's query block, summed
+// in dba: rows [0, nq) when the bias has T rows, else row 0.
 template <class Isa, DType D>
-JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, TaskCounter& tc) {
+JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, float* dbias_part, TaskCounter& tc) {
   using F = typename Isa::F;
   using I = typename Isa::I;
   constexpr int W = sizeof(F) / 4, R = Isa::R, CV = Isa::CV;
@@ -344,74 +554,116 @@ JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, TaskCounter& tc)
   const int bk = key_tile(S, W);
   const int nqb = ceil_div(T, kBQ), nkb = ceil_div(S, bk);
   Mask mask(p);
+  const Dense<float> bias = p.bias ? Dense<float>(p.bias, p.bias_dims, p.batch) : Dense<float>();
+  const DqGroups grp(p);
+  const int Tb = p.bias_dims[3], Sb = p.bias_dims[4];
 
   Buf kt(size_t(nkb) * H * bk), vt(size_t(nkb) * H * bk), kr(size_t(nkb) * bk * Hp),
       qs(size_t(kBQ) * Hp), dos(size_t(kBQ) * Hp), st(size_t(kBQ) * bk), dp(size_t(kBQ) * bk),
       dqacc(size_t(kBQ) * Hp), row(Hp), lse2(kBQ), drow(kBQ),
-      tb(p.softcap > 0.f ? size_t(kBQ) * bk : 0);
+      tb(p.softcap > 0.f ? size_t(kBQ) * bk : 0),
+      dba(p.dbias ? size_t(Tb > 1 ? kBQ : 1) * Sb : 0);
   int cached_b = -1, cached_kh = -1;
 
   for (int64_t t; (t = tc.next()) >= 0;) {
     int qb = int(t % nqb);
-    const int n = int((t / nqb) % N), b = int(t / nqb / N);
+    const int gn = int((t / nqb) % grp.num_n), gb = int(t / nqb / grp.num_n);
     if (p.is_causal) qb = nqb - 1 - qb;
-    mask.set_batch(b);
-    const int kh = n / G;
-    if (b != cached_b || kh != cached_kh) {
-      const int64_t kbase = b * p.k_batch_stride + kh * p.k_head_stride;
-      const int64_t vbase = b * p.v_batch_stride + kh * p.v_head_stride;
-      for (int kb = 0; kb < nkb; ++kb) {
-        const int j0 = kb * bk, nk = std::min(bk, S - j0);
-        pack_panel_t<D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(),
-                        kt.data() + size_t(kb) * H * bk);
-        pack_panel_t<D>(p.v, vbase, p.v_row_stride, j0, nk, H, bk, row.data(),
-                        vt.data() + size_t(kb) * H * bk);
-      }
-      for (int j = 0; j < S; ++j) {
-        load_row<D>(p.k, kbase + j * p.k_row_stride, H, 1.f, kr.data() + size_t(j) * Hp);
-      }
-      cached_b = b;
-      cached_kh = kh;
-    }
-
     const int i0 = qb * kBQ, nq = std::min(kBQ, T - i0);
-    load_bwd_tile<D>(p, b, n, i0, nq, Hp, qs.data(), dos.data(), lse2.data());
-    const int64_t obase = b * p.o_batch_stride + n * p.o_head_stride;
-    for (int r = 0; r < nq; ++r) {
-      load_row<D>(p.o, obase + (i0 + r) * p.o_row_stride, H, 1.f, row.data());
-      const float* dor = dos.data() + r * Hp;
-      float d = 0.f;
-      for (int h = 0; h < H; ++h) d += dor[h] * row[h];
-      // The lse cotangent enters only here: dS = P * (dP - (D - dlse)).
-      if (p.dlse) d -= p.dlse[(int64_t(b) * T + i0 + r) * N + n];
-      drow[r] = d;
-      dsum[(int64_t(b) * N + n) * T + i0 + r] = d;
-    }
-    std::memset(dqacc.data(), 0, sizeof(float) * nq * Hp);
+    if (p.dbias) std::memset(dba.data(), 0, sizeof(float) * (Tb > 1 ? nq : 1) * Sb);
 
-    int klo, khi;
-    mask.key_range(i0, i0 + nq, &klo, &khi);
-    for (int kb = klo / bk; kb * bk < khi; ++kb) {
-      const int j0 = kb * bk, nk = std::min(bk, S - j0);
-      const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
-      if (kind == BlockKind::kNone) continue;
-      const float* ktp = kt.data() + size_t(kb) * H * bk;
-      const float* vtp = vt.data() + size_t(kb) * H * bk;
-      gemm<F, R, CV, Acc::kSet>(nq, bk, H, qs.data(), Hp, 1, ktp, bk, st.data(), bk);
-      gemm<F, R, CV, Acc::kSet>(nq, bk, H, dos.data(), Hp, 1, vtp, bk, dp.data(), bk);
-      for (int r = 0; r < nq; ++r) {
-        if (p.softcap > 0.f) softcap_row(p.softcap, nk, bk, st.data() + r * bk, tb.data() + r * bk);
-        p_row<F, I>(mask, kind, i0 + r, j0, nk, bk, lse2[r], st.data() + r * bk);
-        ds_row<F>(bk, st.data() + r * bk, drow[r], dp.data() + r * bk);
-        if (p.softcap > 0.f) softcap_grad_row(bk, tb.data() + r * bk, dp.data() + r * bk);
+    for (int bi = 0; bi < grp.b_count; ++bi) {
+      const int b = grp.first_b(gb) + bi;
+      mask.set_batch(b);
+      for (int ni = 0; ni < grp.n_count; ++ni) {
+        const int n = grp.first_n(gn) + ni;
+        mask.set_head(n);
+        const float* bp = bias.data ? bias.at(b, n) : nullptr;
+        const int kh = n / G;
+        if (b != cached_b || kh != cached_kh) {
+          const int64_t kbase = b * p.k_batch_stride + kh * p.k_head_stride;
+          const int64_t vbase = b * p.v_batch_stride + kh * p.v_head_stride;
+          for (int kb = 0; kb < nkb; ++kb) {
+            const int j0 = kb * bk, nk = std::min(bk, S - j0);
+            pack_panel_t<D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(),
+                            kt.data() + size_t(kb) * H * bk);
+            pack_panel_t<D>(p.v, vbase, p.v_row_stride, j0, nk, H, bk, row.data(),
+                            vt.data() + size_t(kb) * H * bk);
+          }
+          for (int j = 0; j < S; ++j) {
+            load_row<D>(p.k, kbase + j * p.k_row_stride, H, 1.f, kr.data() + size_t(j) * Hp);
+          }
+          cached_b = b;
+          cached_kh = kh;
+        }
+
+        load_bwd_tile<D>(p, b, n, i0, nq, Hp, qs.data(), dos.data(), lse2.data());
+        const int64_t obase = b * p.o_batch_stride + n * p.o_head_stride;
+        for (int r = 0; r < nq; ++r) {
+          load_row<D>(p.o, obase + (i0 + r) * p.o_row_stride, H, 1.f, row.data());
+          const float* dor = dos.data() + r * Hp;
+          float d = 0.f;
+          for (int h = 0; h < H; ++h) d += dor[h] * row[h];
+          // The lse cotangent enters only here: dS = P * (dP - (D - dlse)).
+          if (p.dlse) d -= p.dlse[(int64_t(b) * T + i0 + r) * N + n];
+          drow[r] = d;
+          dsum[(int64_t(b) * N + n) * T + i0 + r] = d;
+        }
+        std::memset(dqacc.data(), 0, sizeof(float) * nq * Hp);
+
+        int klo, khi;
+        mask.key_range(i0, i0 + nq, &klo, &khi);
+        for (int kb = klo / bk; kb * bk < khi; ++kb) {
+          const int j0 = kb * bk, nk = std::min(bk, S - j0);
+          const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
+          if (kind == BlockKind::kNone) continue;
+          const Span sp = block_span<W>(mask, kind, i0, i0 + nq, j0, nk, bk);
+          if (sp.cw == 0) continue;
+          const int jc = j0 + sp.c0;  // first computed key
+          const float* ktp = kt.data() + size_t(kb) * H * bk + sp.c0;
+          const float* vtp = vt.data() + size_t(kb) * H * bk + sp.c0;
+          gemm<F, R, CV, Acc::kSet>(nq, sp.cw, H, qs.data(), Hp, 1, ktp, bk, st.data() + sp.c0, bk);
+          gemm<F, R, CV, Acc::kSet>(nq, sp.cw, H, dos.data(), Hp, 1, vtp, bk, dp.data() + sp.c0, bk);
+          for (int r = 0; r < nq; ++r) {
+            float* sr = st.data() + r * bk + sp.c0;
+            float* dr = dp.data() + r * bk + sp.c0;
+            float* tr = p.softcap > 0.f ? tb.data() + r * bk + sp.c0 : nullptr;
+            if (tr) softcap_row(p.softcap, sp.cn, sp.cw, sr, tr);
+            bias_row(bias, bp, i0 + r, jc, sp.cn, sr);
+            p_row<F, I>(mask, kind, i0 + r, jc, sp.cn, sp.cw, lse2[r], sr);
+            ds_row<F>(sp.cw, sr, drow[r], dr);
+            if (p.dbias) {  // dbias = dS of the biased logits, summed over broadcast dims
+              float* a = dba.data() + size_t(Tb > 1 ? r : 0) * Sb;
+              if (Sb > 1) {
+                for (int j = 0; j < sp.cn; ++j) a[jc + j] += dr[j];
+              } else {
+                float sum = 0.f;
+                for (int j = 0; j < sp.cn; ++j) sum += dr[j];
+                a[0] += sum;
+              }
+            }
+            if (tr) softcap_grad_row(sp.cw, tr, dr);
+          }
+          gemm<F, R, CV, Acc::kAdd>(nq, Hp, sp.cn, dp.data() + sp.c0, bk, 1, kr.data() + size_t(jc) * Hp, Hp,
+                                    dqacc.data(), Hp);
+        }
+
+        const int64_t qbase = b * p.q_batch_stride + n * p.q_head_stride;
+        for (int r = 0; r < nq; ++r) {
+          store_row<D>(dqacc.data() + r * Hp, H, p.scale, p.dq, qbase + (i0 + r) * p.q_row_stride);
+        }
       }
-      gemm<F, R, CV, Acc::kAdd>(nq, Hp, nk, dp.data(), bk, 1, kr.data() + size_t(j0) * Hp, Hp,
-                                dqacc.data(), Hp);
     }
 
-    const int64_t qbase = b * p.q_batch_stride + n * p.q_head_stride;
-    for (int r = 0; r < nq; ++r) {
-      store_row<D>(dqacc.data() + r * Hp, H, p.scale, p.dq, qbase + (i0 + r) * p.q_row_stride);
+    if (p.dbias) {
+      // [E * Bb, Nb, Tb, Sb]: rows of this block, or this block's partial sum
+      // of the single row ([groups, nqb, Sb], summed in order afterwards).
+      const int64_t slice = (int64_t(gb) * grp.num_n + gn);
+      if (Tb > 1) {
+        std::memcpy(p.dbias + (slice * T + i0) * Sb, dba.data(), sizeof(float) * nq * Sb);
+      } else {
+        std::memcpy(dbias_part + (slice * nqb + qb) * Sb, dba.data(), sizeof(float) * Sb);
+      }
     }
   }
 }
@@ -428,6 +680,7 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
   const int bk = kBK2;
   const int nkb = ceil_div(S, bk);
   Mask mask(p);
+  const Dense<float> bias = p.bias ? Dense<float>(p.bias, p.bias_dims, p.batch) : Dense<float>();
 
   Buf kt(size_t(H) * bk), vt(size_t(H) * bk), qs(size_t(kBQ) * Hp), dos(size_t(kBQ) * Hp),
       st(size_t(kBQ) * bk), dp(size_t(kBQ) * bk), dkacc(size_t(bk) * Hp),
@@ -455,15 +708,23 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
     mask.query_range(j0, j0 + nk, &qlo, &qhi);
     for (int g = 0; g < G; ++g) {
       const int n = kh * G + g;
-      for (int i0 = qlo; i0 < qhi; i0 += kBQ) {
-        const int nq = std::min(kBQ, qhi - i0);
-        const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
+      mask.set_head(n);
+      const float* bp = bias.data ? bias.at(b, n) : nullptr;
+      for (int t0 = qlo; t0 < qhi; t0 += kBQ) {
+        const int tn = std::min(kBQ, qhi - t0);
+        const BlockKind kind = mask.classify(t0, t0 + tn, j0, j0 + nk);
         if (kind == BlockKind::kNone) continue;
+        // A partial tile narrowed to the queries that may see this block.
+        int i0 = t0, i1 = t0 + tn;
+        if (kind == BlockKind::kPartial) mask.query_span(t0, t0 + tn, j0, j0 + nk, &i0, &i1);
+        if (i1 <= i0) continue;
+        const int nq = i1 - i0;
         load_bwd_tile<D>(p, b, n, i0, nq, Hp, qs.data(), dos.data(), lse2.data());
         const float* drow = dsum + (int64_t(b) * N + n) * T + i0;
         gemm<F, R, CV, Acc::kSet>(nq, bk, H, qs.data(), Hp, 1, kt.data(), bk, st.data(), bk);
         for (int r = 0; r < nq; ++r) {
           if (p.softcap > 0.f) softcap_row(p.softcap, nk, bk, st.data() + r * bk, tb.data() + r * bk);
+          bias_row(bias, bp, i0 + r, j0, nk, st.data() + r * bk);
           p_row<F, I>(mask, kind, i0 + r, j0, nk, bk, lse2[r], st.data() + r * bk);
         }
         // dV += P^T dout
@@ -496,11 +757,11 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
       case DType::kF16: return fwd_worker<ISA, DType::kF16>(p, tc);                      \
     }                                                                                    \
   }                                                                                      \
-  TARGET void bwd_dq_##ISA(const AttnParams& p, float* dsum, TaskCounter& tc) {          \
+  TARGET void bwd_dq_##ISA(const AttnParams& p, float* dsum, float* part, TaskCounter& tc) { \
     switch (p.dtype) {                                                                   \
-      case DType::kF32: return bwd_dq_worker<ISA, DType::kF32>(p, dsum, tc);             \
-      case DType::kBF16: return bwd_dq_worker<ISA, DType::kBF16>(p, dsum, tc);           \
-      case DType::kF16: return bwd_dq_worker<ISA, DType::kF16>(p, dsum, tc);             \
+      case DType::kF32: return bwd_dq_worker<ISA, DType::kF32>(p, dsum, part, tc);       \
+      case DType::kBF16: return bwd_dq_worker<ISA, DType::kBF16>(p, dsum, part, tc);     \
+      case DType::kF16: return bwd_dq_worker<ISA, DType::kF16>(p, dsum, part, tc);       \
     }                                                                                    \
   }                                                                                      \
   TARGET void bwd_dkdv_##ISA(const AttnParams& p, const float* dsum, TaskCounter& tc) {  \
@@ -576,16 +837,34 @@ void flash_bwd(const AttnParams& p) {
     dsum = dsum_own.data();
   }
   if (T > 0) {
-    const int64_t ntasks = int64_t(p.batch) * p.num_heads * ceil_div(T, kBQ);
+    const DqGroups grp(p);
+    const int nqb = ceil_div(T, kBQ);
+    const int64_t ngroups = int64_t(grp.num_b) * grp.num_n;
+    const int64_t ntasks = ngroups * nqb;
+    // A bias broadcast over T: per-block partial sums of its one row.
+    const int Sb = p.bias_dims[4];
+    std::vector<float> part;
+    if (p.dbias && p.bias_dims[3] == 1) part.assign(size_t(ntasks) * Sb, 0.f);
     TaskCounter tc(ntasks);
-    const double flops = 6.0 * kBQ * std::max(S, 1) * p.head_dim;
+    const double flops =
+        6.0 * kBQ * std::max(S, 1) * p.head_dim * grp.b_count * grp.n_count;
     run_parallel(workers_for(ntasks, flops), [&](int) {
       switch (isa) {
-        case Isa::kAvx512: return bwd_dq_IsaAvx512(p, dsum, tc);
-        case Isa::kAvx2: return bwd_dq_IsaAvx2(p, dsum, tc);
-        case Isa::kSse2: return bwd_dq_IsaSse2(p, dsum, tc);
+        case Isa::kAvx512: return bwd_dq_IsaAvx512(p, dsum, part.data(), tc);
+        case Isa::kAvx2: return bwd_dq_IsaAvx2(p, dsum, part.data(), tc);
+        case Isa::kSse2: return bwd_dq_IsaSse2(p, dsum, part.data(), tc);
       }
     });
+    if (!part.empty()) {
+      for (int64_t g = 0; g < ngroups; ++g) {
+        float* dst = p.dbias + g * Sb;
+        std::memcpy(dst, part.data() + g * nqb * Sb, sizeof(float) * Sb);
+        for (int qb = 1; qb < nqb; ++qb) {
+          const float* src = part.data() + (g * nqb + qb) * Sb;
+          for (int j = 0; j < Sb; ++j) dst[j] += src[j];
+        }
+      }
+    }
   }
   if (S > 0) {
     const int64_t ntasks = int64_t(p.batch) * p.num_heads_k * ceil_div(S, kBK2);

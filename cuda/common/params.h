@@ -42,6 +42,26 @@ struct AttnParams {
   // masking; 0 = off. Only the CPU kernel takes it (CUDA handlers leave 0).
   float softcap = 0.f;
 
+  // ---- masks, stage 2: document segments, dense bias and mask ------------
+  // (CPU kernel only; the CUDA handlers leave them null.)
+  // Segment ids, int32 [batch, T] / [batch, S], both or neither (null):
+  // query i sees key j only when q_segment_ids[b, i] == kv_segment_ids[b, j].
+  const int32_t* q_segment_ids = nullptr;
+  const int32_t* kv_segment_ids = nullptr;
+  // Dense additive bias (f32) and boolean mask (true = attend), each a
+  // contiguous array of dims [E, Bb, Nb, Tb, Sb] read broadcast against
+  // [batch, N, T, S]: the folded batch is E * (batch / E) entries (E folds
+  // vmapped dimensions), Bb is 1 or batch / E, Nb is 1 or N, Tb 1 or T, Sb 1
+  // or S; a dimension of size 1 is read with stride 0 (never expanded).
+  // logits = softcap(scale * q.k) + bias, then masked. null = none.
+  const float* bias = nullptr;
+  int bias_dims[5] = {1, 1, 1, 1, 1};
+  const bool* mask = nullptr;
+  int mask_dims[5] = {1, 1, 1, 1, 1};
+  // Backward only: the gradient of the bias (f32, bias_dims, contiguous),
+  // d(loss)/d(logits) summed over the broadcast dimensions; null = not wanted.
+  float* dbias = nullptr;
+
   // ---- forward tensors --------------------------------------------------
   // q, o, dout, dq: [B, T, N, H]; k, v, dk, dv: [B, S, K, H]; head dim
   // contiguous. Strides are in elements.

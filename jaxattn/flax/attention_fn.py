@@ -2,8 +2,8 @@
 
 Pass it as ``attention_fn=`` to ``flax.linen.MultiHeadDotProductAttention``
 or ``flax.nnx.MultiHeadAttention``. It runs ``jaxattn.flash_attention``
-whenever the call is something jaxattn computes (no bias, no dense mask, no
-active dropout, no sowing of the weights) and otherwise the stock flax
+whenever the call is something jaxattn computes (masks and biases included;
+no active dropout, no sowing of the weights) and otherwise the stock flax
 function, warning once per reason with a ``FallbackWarning``.
 """
 
@@ -13,6 +13,7 @@ import math
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import linen
 from flax import nnx
@@ -70,26 +71,30 @@ def attention_fn(
     ``[batch..., S, K, H]`` (``N % K == 0``, GQA), output ``[batch..., T, N, H]``
     in the promoted dtype (``dtype`` when given), scale ``1/sqrt(H)``.
 
-    jaxattn runs the call when there is no ``bias``, no ``module`` (sowing
-    the attention weights needs them explicitly), no active dropout
-    (``dropout_rate == 0`` or ``deterministic``), no custom einsums, and
-    ``mask`` is None or recognised statically (below); the dtype must be
-    bfloat16, float16 or float32 and the head dim at most 256. Otherwise it
+    jaxattn runs the call when there is no ``module`` (sowing the attention
+    weights needs them explicitly), no active dropout (``dropout_rate == 0``
+    or ``deterministic``) and no custom einsums; the dtype must be bfloat16,
+    float16 or float32 and the head dim at most 256. Otherwise it
     runs the stock function and warns once per reason (``FallbackWarning``;
     silence it with ``warnings.filterwarnings("ignore", category=FallbackWarning)``).
     The stock function is flax.linen's when ``module`` is a linen Module or
     linen-only options are set (``force_fp32_for_softmax=True``, custom
     einsums), else flax.nnx's (it also takes ``is_causal`` and GQA).
 
-    Masks: jaxattn takes only causal masking for now, as ``is_causal=True``
-    (``flax.nnx.MultiHeadAttention`` passes its ``is_causal`` call argument;
-    with linen use ``functools.partial(attention_fn, is_causal=True)``, or
-    ``jaxattn.flax.linen.MultiHeadAttention``). A dense ``mask`` is
-    recognised only when it is a NumPy array (on the host, so no
-    device-to-host copy): a lower-triangular one becomes ``is_causal=True``
-    and an all-True one is dropped. Any ``jax.Array`` mask, including
-    ``flax.linen.make_causal_mask(...)`` (a traced value under jit), falls
-    back to the stock computation.
+    Masks and biases: ``mask`` and ``bias`` (broadcastable to
+    ``[batch..., num_heads, T, S]``) go to the kernel as its dense ``mask``
+    / ``bias``, read in place (broadcast dimensions are never expanded,
+    except batch dimensions that are broadcast only partly), and the bias
+    is differentiable. Causal masking is fastest as ``is_causal=True``
+    (fully masked blocks are skipped: ``flax.nnx.MultiHeadAttention``
+    passes its ``is_causal`` call argument; with linen use
+    ``functools.partial(attention_fn, is_causal=True)``, or
+    ``jaxattn.flax.linen.MultiHeadAttention``); a NumPy mask (on the host,
+    inspected without a device-to-host copy) that is lower-triangular
+    becomes ``is_causal=True`` and an all-True one is dropped. A query row
+    whose keys are all masked gives 0 here, where flax's stock function
+    (whose masked logits are a large finite negative number) gives the mean
+    of the values: padded query rows differ, every other row matches.
 
     ``precision`` and ``force_fp32_for_softmax`` only affect the fallback:
     jaxattn's kernels always compute the softmax in float32. Other keyword
@@ -102,32 +107,32 @@ def attention_fn(
         reason = "sowing the attention weights (module=...) needs them explicitly"
     elif dropout_rate > 0.0 and not deterministic:
         reason = f"attention dropout (dropout_rate={dropout_rate}, deterministic=False)"
-    elif bias is not None:
-        reason = "an attention bias (not supported by jaxattn yet)"
     elif qk_attn_weights_einsum is not None or attn_weights_value_einsum is not None:
         reason = "custom einsums (qk_attn_weights_einsum / attn_weights_value_einsum)"
 
+    dense_mask = mask
     if reason is None and mask is not None:
         recognised = _static_mask_kind(mask, query.shape, key.shape)
         if recognised == "causal":
-            mask, is_causal = None, True
+            dense_mask, is_causal = None, True
         elif recognised == "all":
-            mask = None
-        else:
-            reason = (
-                "a dense mask (jaxattn takes only causal masking for now: pass is_causal=True "
-                "instead of a causal mask, or a NumPy mask)"
-            )
+            dense_mask = None
 
     if reason is None:
         query, key, value = nnx_dtypes.promote_dtype((query, key, value), dtype=dtype)
         flat = [_flatten_batch(x) for x in (query, key, value)]
         try:
-            check_inputs(*flat, scale=None, is_causal=bool(is_causal), implementation=None)
+            batch = query.shape[:-3]
+            fbias = None if bias is None else _flatten_dense("bias", jnp.asarray(bias), batch)
+            fmask = None if dense_mask is None else _flatten_dense("mask", jnp.asarray(dense_mask), batch)
+            if fmask is not None and fmask.dtype != jnp.bool_:
+                fmask = fmask.astype(jnp.bool_)  # flax masks out the falsy entries
+            check_inputs(*flat, scale=None, is_causal=bool(is_causal), implementation=None, bias=fbias,
+                         mask=fmask)
         except ValueError as e:
             reason = f"jaxattn cannot take these inputs: {e}"
         else:
-            out = flash_attention(*flat, is_causal=bool(is_causal))
+            out = flash_attention(*flat, fbias, fmask, is_causal=bool(is_causal))
             return out.reshape(query.shape)
 
     _warn_once(reason)
@@ -143,6 +148,29 @@ def attention_fn(
 def _flatten_batch(x):
     """[batch..., L, heads, H] -> [prod(batch), L, heads, H] (a no-op reshape for rank 4)."""
     return x.reshape((math.prod(x.shape[:-3]), *x.shape[-3:])) if x.ndim >= 3 else x
+
+
+def _flatten_dense(name: str, x, batch: tuple[int, ...]):
+    """A flax mask / bias broadcastable to [batch..., N, T, S] -> broadcastable to
+    [prod(batch), N, T, S] (rank 4, or rank 3 without batch dims).
+
+    Batch dimensions that are all broadcast (or all full) fold without a
+    copy; partly broadcast ones are expanded over the batch only.
+    """
+    rank = len(batch) + 3
+    if x.ndim > rank:
+        raise ValueError(f"{name} of shape {x.shape} has more dimensions than [batch..., heads, T, S]")
+    x = x.reshape((1,) * (rank - x.ndim) + x.shape)
+    if len(batch) == 0:
+        return x
+    lead = x.shape[:len(batch)]
+    if any(d not in (1, b) for d, b in zip(lead, batch)):
+        raise ValueError(f"{name} of shape {x.shape} does not broadcast to the batch {batch}")
+    if all(d == 1 for d in lead):
+        return x.reshape((1,) + x.shape[len(batch):])
+    if tuple(lead) != tuple(batch):
+        x = jnp.broadcast_to(x, tuple(batch) + x.shape[len(batch):])
+    return x.reshape((math.prod(batch),) + x.shape[len(batch):])
 
 
 def _static_mask_kind(mask, query_shape, key_shape) -> str | None:
