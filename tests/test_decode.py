@@ -498,17 +498,21 @@ def _decode_in_steps(call, x, cache, steps):
     return jnp.concatenate(outs, axis=1), cache
 
 
-@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-def test_flax_nnx_cached_decoding_matches_full_forward(paged):
+@pytest.mark.parametrize("paged,window,softcap", [(False, None, None), (True, None, None), (False, 3, 4.0),
+                                                  (True, (4, 0), None)],
+                         ids=["contiguous", "paged", "contiguous-window-softcap", "paged-window"])
+def test_flax_nnx_cached_decoding_matches_full_forward(paged, window, softcap):
     """Prefill + token-by-token decoding with the cache equals one causal
-    forward over the whole sequence (GQA, rotary embeddings, biases)."""
+    forward over the whole sequence (GQA, rotary embeddings, biases; sliding
+    window and soft cap)."""
     pytest.importorskip("flax")
     from flax import nnx
 
     import jaxattn.flax as jf
 
     layer = jf.nnx.MultiHeadAttention(32, 4, num_kv_heads=2, head_dim=16, is_causal=True, rope_theta=1e4,
-                                      use_bias=True, rngs=nnx.Rngs(0))
+                                      use_bias=True, local_window_size=window, logits_soft_cap=softcap,
+                                      rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, 12, 32))
     full = layer(x)
     if paged:

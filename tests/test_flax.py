@@ -289,8 +289,10 @@ def test_nnx_mask_runs_jaxattn_and_sow_falls_back():
 
 # ----------------------------------------------------------------------------- jaxattn's layers
 
-def plain_layer(params, x, *, num_heads, num_kv_heads, is_causal, rope_theta):
-    """The same layer written independently in plain JAX (complex-number RoPE, explicit softmax)."""
+def plain_layer(params, x, *, num_heads, num_kv_heads, is_causal, rope_theta, window=None, softcap=None,
+                segment_ids=None):
+    """The same layer written independently in plain JAX (complex-number RoPE, explicit softmax;
+    window (left, right), soft cap and segment ids as explicit masks)."""
     q = jnp.einsum("btd,dnh->btnh", x, params["query_kernel"])
     k = jnp.einsum("btd,dnh->btnh", x, params["key_kernel"])
     v = jnp.einsum("btd,dnh->btnh", x, params["value_kernel"])
@@ -307,8 +309,18 @@ def plain_layer(params, x, *, num_heads, num_kv_heads, is_causal, rope_theta):
     g = num_heads // num_kv_heads
     k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
     s = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(H)
+    if softcap is not None:
+        s = softcap * jnp.tanh(s / softcap)
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    visible = np.ones((T, T), bool)
     if is_causal:
-        s = jnp.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+        visible &= j <= i
+    if window is not None:
+        visible &= (j >= i - window[0]) & (j <= i + window[1])
+    visible = jnp.asarray(visible)[None, None]
+    if segment_ids is not None:
+        visible = visible & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
+    s = jnp.where(visible, s, -np.inf)
     o = jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(s, axis=-1), v)
     return jnp.einsum("btnh,nhf->btf", o, params["out_kernel"])
 
@@ -347,6 +359,36 @@ def test_nnx_layer_matches_plain_jax(case):
         layer.params(), x, lambda p, x: plain_layer(p, x, **ref_case))
     close({k: v for k, v in nnx.to_pure_dict(g[0]).items()}, g_ref[0], jnp.float32, scale=5)
     close(g[1], g_ref[1], jnp.float32, scale=5)
+
+
+@pytest.mark.parametrize("window,softcap", [((5, 0), None), ((3, 2), 5.0), (None, 2.0)])
+def test_layer_window_softcap_segments_match_plain_jax(window, softcap):
+    """Sliding window, soft cap and packed-document segment ids in jaxattn's own layers
+    (nnx and linen), forward and gradients, against the plain-JAX layer."""
+    kw = dict(num_kv_heads=2, is_causal=True, rope_theta=1e4, local_window_size=window, logits_soft_cap=softcap)
+    layer = jf.nnx.MultiHeadAttention(32, 4, **kw, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (2, 21, 32))
+    seg = jnp.asarray([[0] * 8 + [1] * 9 + [2] * 4, [5] * 21], jnp.int32)
+    ref_kw = dict(num_heads=4, num_kv_heads=2, is_causal=True, rope_theta=1e4, window=window, softcap=softcap,
+                  segment_ids=seg)
+    with no_fallback():
+        out = layer(x, segment_ids=seg)
+    close(out, plain_layer(layer.params(), x, **ref_kw), jnp.float32)
+    g = jax.grad(lambda p: jnp.sum(jnp.sin(jf._common.multi_head_attention(
+        layer.config, p, x, segment_ids=seg))))(layer.params())
+    g_ref = jax.grad(lambda p: jnp.sum(jnp.sin(plain_layer(p, x, **ref_kw))))(layer.params())
+    close(g, g_ref, jnp.float32, scale=5)
+    # The linen twin with the same parameters computes the same.
+    lin = jf.linen.MultiHeadAttention(num_heads=4, **kw)
+    variables = {"params": layer.params()}
+    close(lin.apply(variables, x, segment_ids=seg), out, jnp.float32)
+
+
+def test_layer_bad_window_or_softcap():
+    with pytest.raises(ValueError, match="local_window_size"):
+        jf.nnx.MultiHeadAttention(32, 4, local_window_size=-1, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="logits_soft_cap"):
+        jf.nnx.MultiHeadAttention(32, 4, logits_soft_cap=0.0, rngs=nnx.Rngs(0))
 
 
 def test_rope_positions_and_extra_batch_dims():

@@ -38,12 +38,15 @@ class AttentionConfig:
     is_causal: bool
     rope_theta: float | None
     use_bias: bool
+    local_window_size: tuple[int, int] | None = None  # (left, right), as flash_attention's
+    logits_soft_cap: float | None = None
 
     @classmethod
     def create(cls, *, in_features, num_heads, num_kv_heads=None, head_dim=None,
-               out_features=None, is_causal=False, rope_theta=None, use_bias=False) -> "AttentionConfig":
+               out_features=None, is_causal=False, rope_theta=None, use_bias=False,
+               local_window_size=None, logits_soft_cap=None) -> "AttentionConfig":
         """Fills the defaults (num_kv_heads=num_heads, head_dim=in_features//num_heads,
-        out_features=in_features) and raises ValueError on inconsistent sizes."""
+        out_features=in_features) and raises ValueError on inconsistent sizes or options."""
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
             if in_features % num_heads != 0:
@@ -63,9 +66,30 @@ class AttentionConfig:
             if not rope_theta > 0:
                 raise ValueError(f"rope_theta must be positive (or None for no rotary embeddings), got {rope_theta}")
             rope_theta = float(rope_theta)
+        window = local_window_size
+        if window is not None:
+            window = (window, window) if isinstance(window, int) else tuple(window)
+            if len(window) != 2 or not all(isinstance(w, int) and w >= 0 for w in window):
+                raise ValueError(
+                    f"local_window_size must be a non-negative int or a (left, right) pair of them, "
+                    f"got {local_window_size!r}")
+        if logits_soft_cap is not None:
+            if not isinstance(logits_soft_cap, (int, float)) or not logits_soft_cap > 0:
+                raise ValueError(f"logits_soft_cap must be a positive float or None, got {logits_soft_cap!r}")
+            logits_soft_cap = float(logits_soft_cap)
         return cls(in_features=in_features, num_heads=num_heads, num_kv_heads=num_kv_heads,
                    head_dim=head_dim, out_features=in_features if out_features is None else out_features,
-                   is_causal=bool(is_causal), rope_theta=rope_theta, use_bias=bool(use_bias))
+                   is_causal=bool(is_causal), rope_theta=rope_theta, use_bias=bool(use_bias),
+                   local_window_size=window, logits_soft_cap=logits_soft_cap)
+
+    def mask_kwargs(self) -> dict:
+        """The attention options beyond is_causal, as flash_attention keywords (only those set)."""
+        kw = {}
+        if self.local_window_size is not None:
+            kw["local_window_size"] = self.local_window_size
+        if self.logits_soft_cap is not None:
+            kw["logits_soft_cap"] = self.logits_soft_cap
+        return kw
 
     def kernel_shape(self, name: str) -> tuple[int, ...]:
         """Shape of ``{name}_kernel`` for name in PROJECTIONS."""
@@ -123,23 +147,29 @@ def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float) -> jax.Ar
     return out.astype(x.dtype)
 
 
-def attend(q, k, v, *, is_causal: bool, attention_fn: Callable | None = None):
+def attend(q, k, v, *, is_causal: bool, attention_fn: Callable | None = None, segment_ids=None, **options):
     """Attention over [batch..., T, heads, head_dim] arrays with any number of
     batch dims (flattened to one around the call).
 
-    attention_fn(q, k, v, is_causal=...) takes [B, T, N, H] arrays; None is
-    ``jaxattn.flash_attention``. ``jax.nn.dot_product_attention`` (optionally
-    with ``functools.partial(..., implementation="cudnn")``) fits too.
+    attention_fn(q, k, v, is_causal=..., **options) takes [B, T, N, H] arrays;
+    None is ``jaxattn.flash_attention``. ``jax.nn.dot_product_attention``
+    (optionally with ``functools.partial(..., implementation="cudnn")``) fits
+    too when no jaxattn-only option (soft cap, segment ids) is used.
+    segment_ids [batch..., T]: self-attention within each segment (packed
+    documents), passed as both q_segment_ids and kv_segment_ids.
     """
     fn = flash_attention if attention_fn is None else attention_fn
     batch = q.shape[:-3]
     flat = lambda x: x.reshape((math.prod(batch), *x.shape[-3:]))
-    out = fn(flat(q), flat(k), flat(v), is_causal=is_causal)
+    if segment_ids is not None:
+        seg = jnp.broadcast_to(jnp.asarray(segment_ids), (*batch, q.shape[-3])).reshape(math.prod(batch), -1)
+        options = dict(options, q_segment_ids=seg, kv_segment_ids=seg)
+    out = fn(flat(q), flat(k), flat(v), is_causal=is_causal, **options)
     return out.reshape(q.shape)
 
 
 def multi_head_attention(config: AttentionConfig, params: dict, x: jax.Array, *,
-                         positions: jax.Array | None = None, dtype=None,
+                         positions: jax.Array | None = None, segment_ids: jax.Array | None = None, dtype=None,
                          attention_fn: Callable | None = None) -> jax.Array:
     """Self-attention of x [batch..., T, in_features] -> [batch..., T, out_features].
 
@@ -147,7 +177,10 @@ def multi_head_attention(config: AttentionConfig, params: dict, x: jax.Array, *,
     see the module docstring. Everything is computed in ``dtype`` (default:
     the promoted dtype of x and the params); rotary embeddings, when
     ``config.rope_theta`` is set, rotate q and k by ``positions`` (default
-    0..T-1) before the attention.
+    0..T-1) before the attention. ``segment_ids`` [batch..., T] (int32)
+    restricts attention to tokens of the same segment (packed documents;
+    per-document causal with is_causal); the config's window and soft cap
+    apply too.
     """
     q, k, v, p = project_qkv(config, params, x, dtype=dtype)
     if config.rope_theta is not None:
@@ -155,7 +188,8 @@ def multi_head_attention(config: AttentionConfig, params: dict, x: jax.Array, *,
             positions = jnp.arange(x.shape[-2])
         q = rotary_embedding(q, positions, config.rope_theta)
         k = rotary_embedding(k, positions, config.rope_theta)
-    o = attend(q, k, v, is_causal=config.is_causal, attention_fn=attention_fn)
+    o = attend(q, k, v, is_causal=config.is_causal, attention_fn=attention_fn, segment_ids=segment_ids,
+               **config.mask_kwargs())
     return project_out(config, p, o)
 
 

@@ -75,6 +75,8 @@ def decode_attention_step(config: _common.AttentionConfig, params: dict, x: jax.
     k, v = k.astype(cache.key.dtype), v.astype(cache.value.dtype)
     keys, values = update_kv_cache(cache.key, cache.value, k, v, cache.lengths, block_table=cache.block_table)
     lengths = cache.lengths + T
-    o = decode_attention(q.astype(keys.dtype), keys, values, kv_lengths=lengths, block_table=cache.block_table)
+    window = None if config.local_window_size is None else config.local_window_size[0]  # causal: left only
+    o = decode_attention(q.astype(keys.dtype), keys, values, kv_lengths=lengths, block_table=cache.block_table,
+                         local_window_size=window, logits_soft_cap=config.logits_soft_cap)
     y = _common.project_out(config, p, o.astype(q.dtype))
     return y, KVCache(keys, values, lengths, cache.block_table)

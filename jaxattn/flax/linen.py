@@ -30,6 +30,8 @@ class MultiHeadAttention(nn.Module):
     out_features: int | None = None
     is_causal: bool = False
     rope_theta: float | None = None
+    local_window_size: int | tuple[int, int] | None = None
+    logits_soft_cap: float | None = None
     use_bias: bool = False
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -38,16 +40,19 @@ class MultiHeadAttention(nn.Module):
     attention_fn: Callable | None = None
 
     @nn.compact
-    def __call__(self, x: jax.Array, *, positions: jax.Array | None = None, cache: KVCache | None = None):
+    def __call__(self, x: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
+                 cache: KVCache | None = None):
         """Self-attention of x [batch..., T, in_features]; positions [batch..., T]
-        or [T] feed the rotary embedding (default 0..T-1). With ``cache``:
+        or [T] feed the rotary embedding (default 0..T-1); segment_ids
+        [batch..., T] restrict attention to each segment. With ``cache``:
         KV-cache decoding of the next Tq <= 16 tokens, returns ``(y, cache)``
         (as the nnx layer)."""
         config = _common.AttentionConfig.create(
             in_features=self.in_features or x.shape[-1], num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             out_features=self.out_features, is_causal=self.is_causal,
-            rope_theta=self.rope_theta, use_bias=self.use_bias,
+            rope_theta=self.rope_theta, use_bias=self.use_bias, local_window_size=self.local_window_size,
+            logits_soft_cap=self.logits_soft_cap,
         )
         params = {}
         for name in _common.PROJECTIONS:
@@ -61,11 +66,13 @@ class MultiHeadAttention(nn.Module):
                     f"{name}_bias", _annotated(jax.nn.initializers.zeros, bias_names),
                     config.bias_shape(name), self.param_dtype)
         if cache is not None:
-            if positions is not None:
-                raise ValueError("with a cache, positions come from cache.lengths: do not pass positions")
+            if positions is not None or segment_ids is not None:
+                raise ValueError("with a cache, positions come from cache.lengths: do not pass positions "
+                                 "or segment_ids")
             return decode_attention_step(config, params, x, cache, dtype=self.dtype)
         return _common.multi_head_attention(
-            config, params, x, positions=positions, dtype=self.dtype, attention_fn=self.attention_fn,
+            config, params, x, positions=positions, segment_ids=segment_ids, dtype=self.dtype,
+            attention_fn=self.attention_fn,
         )
 
 

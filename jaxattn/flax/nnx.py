@@ -28,6 +28,10 @@ class MultiHeadAttention(nnx.Module):
       is_causal: query i attends to keys j <= i.
       rope_theta: base of the rotary position embedding applied to q and k;
         None (the default) turns it off.
+      local_window_size: sliding window, an int or (left, right), as in
+        ``jaxattn.flash_attention`` (Mistral / Gemma local layers).
+      logits_soft_cap: soft cap of the logits (Gemma 2), as in
+        ``jaxattn.flash_attention``.
       use_bias: biases on the four projections.
       dtype: computation dtype (default: promoted from input and params).
       param_dtype: dtype of the parameters.
@@ -50,7 +54,8 @@ class MultiHeadAttention(nnx.Module):
         ``functools.partial(jax.nn.dot_product_attention, implementation="cudnn")``.
       rngs: the ``params`` stream initializes the kernels.
 
-    No masks other than causal, no dropout. KV-cache decoding: ``layer(x, cache=cache)``.
+    Call with ``segment_ids`` [batch..., T] for packed documents (attention
+    within each segment). No dropout. KV-cache decoding: ``layer(x, cache=cache)``.
     """
 
     def __init__(
@@ -63,6 +68,8 @@ class MultiHeadAttention(nnx.Module):
         out_features: int | None = None,
         is_causal: bool = False,
         rope_theta: float | None = None,
+        local_window_size: int | tuple[int, int] | None = None,
+        logits_soft_cap: float | None = None,
         use_bias: bool = False,
         dtype=None,
         param_dtype=jnp.float32,
@@ -74,7 +81,8 @@ class MultiHeadAttention(nnx.Module):
         self.config = _common.AttentionConfig.create(
             in_features=in_features, num_heads=num_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, out_features=out_features, is_causal=is_causal,
-            rope_theta=rope_theta, use_bias=use_bias,
+            rope_theta=rope_theta, use_bias=use_bias, local_window_size=local_window_size,
+            logits_soft_cap=logits_soft_cap,
         )
         self.dtype = dtype
         self.attention_fn = attention_fn
@@ -95,7 +103,8 @@ class MultiHeadAttention(nnx.Module):
             names += [f"{n}_bias" for n in _common.PROJECTIONS]
         return {name: getattr(self, name)[...] for name in names}
 
-    def __call__(self, x: jax.Array, *, positions: jax.Array | None = None, cache: KVCache | None = None):
+    def __call__(self, x: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
+                 cache: KVCache | None = None):
         """Self-attention of x [batch..., T, in_features]; positions [batch..., T]
         or [T] feed the rotary embedding (default 0..T-1).
 
@@ -104,11 +113,12 @@ class MultiHeadAttention(nnx.Module):
         ``cache.lengths + 0..Tq-1``; returns ``(y, cache)`` with their keys
         and values appended (``jaxattn.decode_attention``)."""
         if cache is not None:
-            if positions is not None:
-                raise ValueError("with a cache, positions come from cache.lengths: do not pass positions")
+            if positions is not None or segment_ids is not None:
+                raise ValueError("with a cache, positions come from cache.lengths: do not pass positions "
+                                 "or segment_ids")
             return decode_attention_step(self.config, self.params(), x, cache, dtype=self.dtype)
         return _common.multi_head_attention(
-            self.config, self.params(), x, positions=positions, dtype=self.dtype,
+            self.config, self.params(), x, positions=positions, segment_ids=segment_ids, dtype=self.dtype,
             attention_fn=self.attention_fn,
         )
 
