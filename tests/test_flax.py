@@ -287,6 +287,21 @@ def test_nnx_mask_runs_jaxattn_and_sow_falls_back():
     close(nnx.state(ours, nnx.Intermediate), nnx.state(stock, nnx.Intermediate), jnp.float32)
 
 
+def test_nnx_stock_decode_cache_with_attention_fn():
+    """Flax's own KV-cache decoding (decode=True, one token per call against the filled
+    cache) with attention_fn=jaxattn's equals the stock attention, with no fallback."""
+    kw = dict(num_heads=4, in_features=32, num_kv_heads=2, decode=True)
+    stock = nnx.MultiHeadAttention(**kw, rngs=nnx.Rngs(0))
+    ours = nnx.MultiHeadAttention(**kw, attention_fn=jf.attention_fn, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (2, 6, 32))
+    for m in (stock, ours):
+        m.init_cache((2, 6, 32))
+    with no_fallback():
+        got = jnp.concatenate([ours(x[:, t:t + 1]) for t in range(6)], axis=1)
+    want = jnp.concatenate([stock(x[:, t:t + 1]) for t in range(6)], axis=1)
+    close(got, want, jnp.float32)
+
+
 # ----------------------------------------------------------------------------- jaxattn's layers
 
 def plain_layer(params, x, *, num_heads, num_kv_heads, is_causal, rope_theta, window=None, softcap=None,
