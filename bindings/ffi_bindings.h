@@ -66,8 +66,8 @@ auto bind_mask_args(Binding b) {
       .template Attr<bool>("has_mask");
 }
 
-// The backward's extra result with a dense bias: dbias, f32 with the bias's
-// shape (a placeholder [1] without one).
+// The backward's extra result: dbias, f32 with the bias's shape when the
+// bias gradient is wanted (a placeholder [1] when not, or without a bias).
 template <typename Binding>
 auto bind_dbias_ret(Binding b) {
   return std::move(b).template Ret<ffi::Buffer<ffi::F32>>();  // dbias

@@ -211,9 +211,9 @@ inline ffi::Error fill_dense_masks(AttnParams& p, const ffi::Buffer<ffi::S32>& q
 }
 
 // The backward's dbias result (after fill_dense_masks): the bias's shape when
-// there is a bias, else ignored.
+// the bias gradient is wanted; a rank-1 placeholder (or no bias) says it is not.
 inline ffi::Error fill_dbias(AttnParams& p, const ffi::Buffer<ffi::F32>& bias, ffi::Buffer<ffi::F32>& dbias) {
-  if (p.bias == nullptr) return ffi::Error::Success();
+  if (p.bias == nullptr || dbias.dimensions().size() == 1) return ffi::Error::Success();
   if (!same_dims(bias.dimensions(), dbias.dimensions()))
     return invalid("dbias must have the bias's shape " + dims_str(bias.dimensions()) + ", got " +
                    dims_str(dbias.dimensions()));

@@ -89,17 +89,18 @@ def _grad_types(q, k):
 
 def cpu_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None, q_segment_ids=None,
                  kv_segment_ids=None, bias=None, mask=None, *, scale: float, is_causal: bool, window=None,
-                 softcap=None):
-    """(dq, dk, dv), plus dbias (float32, the bias's shape) with a bias, from the
-    C++ CPU kernel (no workspace)."""
+                 softcap=None, bias_grad: bool = True):
+    """(dq, dk, dv), plus dbias (float32, the bias's shape) with a bias and
+    `bias_grad`, from the C++ CPU kernel (no workspace)."""
     register_targets()
     operands, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids,
                                      kv_segment_ids, bias, mask)
-    dbias_type = jax.ShapeDtypeStruct(bias.shape if bias is not None else (1,), jnp.float32)
+    want = bias is not None and bias_grad
+    dbias_type = jax.ShapeDtypeStruct(bias.shape if want else (1,), jnp.float32)
     dq, dk, dv, dbias = jax.ffi.ffi_call("jaxattn_cpu_bwd", _grad_types(q, k) + (dbias_type,), vmap_method=_VMAP)(
         q, k, v, out, lse, dout, dlse, *operands, **_attrs(scale, is_causal), **attrs
     )
-    return (dq, dk, dv) if bias is None else (dq, dk, dv, dbias)
+    return (dq, dk, dv, dbias) if want else (dq, dk, dv)
 
 
 def cuda_backward(q, k, v, out, lse, dout, dlse, *, scale: float, is_causal: bool, portable_only: bool = False,

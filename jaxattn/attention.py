@@ -12,6 +12,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 from . import _ffi_calls, dispatch, reference, sharding
 from ._validation import check_inputs
@@ -35,6 +36,8 @@ class _Plan:
     # Dense operands: their sharding kinds (sharding.dense_kind), None when absent.
     bias_kind: str | None = None
     mask_kind: str | None = None
+    # Backward only: whether the bias is differentiated (else no dbias is computed).
+    bias_grad: bool = True
 
     def extra_names(self) -> tuple[str, ...]:
         """The mask operands after q, k, v (the kernels' keyword names), in order."""
@@ -61,12 +64,12 @@ def _reference_forward(q, k, v, *, scale, is_causal, window=None, softcap=None, 
 
 
 def _reference_backward(q, k, v, out, lse, dout, dlse, *, scale, is_causal, window=None, softcap=None,
-                        bias=None, **masks):
+                        bias=None, bias_grad=True, **masks):
     del out, lse  # the reference recomputes what it needs
     fn = functools.partial(reference.attention, scale=scale, is_causal=is_causal, window=window,
                            softcap=softcap, **masks)
-    if bias is None:
-        _, vjp = jax.vjp(fn, q, k, v)
+    if bias is None or not bias_grad:
+        _, vjp = jax.vjp(functools.partial(fn, bias=bias), q, k, v)
         return vjp((dout, dlse))
     _, vjp = jax.vjp(lambda q, k, v, b: fn(q, k, v, bias=b), q, k, v, bias.astype(jnp.float32))
     return vjp((dout, dlse))
@@ -91,7 +94,9 @@ def _local(plan: _Plan, cpu, cuda, ref, fixed: int, cuda_options=()):
     mkw = dict(kw, window=plan.window, softcap=plan.softcap)
     names = plan.extra_names()
     # The bias gradient (backward) corresponds to the bias operand.
-    grad_args = (fixed + names.index("bias"),) if "bias" in names else ()
+    grad_args = (fixed + names.index("bias"),) if "bias" in names and plan.bias_grad else ()
+    if fixed == 7 and "bias" in names:  # the backward takes whether dbias is wanted
+        mkw["bias_grad"] = plan.bias_grad
     # The FFI calls' results typed like their inputs inside shard_map.
     cpu = sharding.typed_per_device(_named(functools.partial(cpu, **mkw), fixed, names), grad_args)
     cuda = sharding.typed_per_device(functools.partial(cuda, **kw, **dict(cuda_options)))
@@ -132,15 +137,26 @@ def _flash(q, k, v, extras, plan: _Plan):
 
 
 def _flash_fwd(q, k, v, extras, plan: _Plan):
+    # symbolic_zeros: the primals say whether they are differentiated; the
+    # bias gradient is computed only when the bias is (an empty residual,
+    # () or None, carries that to the backward).
+    bias_grad = any(x.perturbed for name, x in zip(plan.extra_names(), extras) if name == "bias")
+    q, k, v = q.value, k.value, v.value
+    extras = tuple(x.value for x in extras)
     out, lse = _flash(q, k, v, extras, plan)
-    return (out, lse), (q, k, v, out, lse, extras)
+    return (out, lse), (q, k, v, out, lse, extras, () if bias_grad else None)
 
 
 def _flash_bwd(plan: _Plan, residuals, cotangents):
-    q, k, v, out, lse, extras = residuals
+    q, k, v, out, lse, extras, bias_grad = residuals
+    plan = dataclasses.replace(plan, bias_grad=plan.bias_kind is not None and bias_grad is not None)
     dout, dlse = cotangents
+    if isinstance(dout, SymbolicZero):
+        dout = jnp.zeros(out.shape, out.dtype)
+    if isinstance(dlse, SymbolicZero):
+        dlse = jnp.zeros(lse.shape, jnp.float32)
     local = backward_kernel(plan)
-    extra_out = (plan.bias_kind,) if plan.bias_kind is not None else ()
+    extra_out = (plan.bias_kind,) if plan.bias_grad else ()
     grads = sharding.partitioned_backward(
         local, q, k, v, out, lse, dout.astype(q.dtype), dlse.astype(jnp.float32), extras, plan.extra_kinds(),
         extra_out,
@@ -148,12 +164,13 @@ def _flash_bwd(plan: _Plan, residuals, cotangents):
     dq, dk, dv = grads[:3]
     # Integer and boolean operands have no cotangent; the bias has dbias.
     d_extras = tuple(
-        grads[3].astype(x.dtype) if name == "bias" else None for name, x in zip(plan.extra_names(), extras)
+        grads[3].astype(x.dtype) if name == "bias" and plan.bias_grad else None
+        for name, x in zip(plan.extra_names(), extras)
     )
     return dq, dk, dv, d_extras
 
 
-_flash.defvjp(_flash_fwd, _flash_bwd)
+_flash.defvjp(_flash_fwd, _flash_bwd, symbolic_zeros=True)
 
 
 def flash_attention(

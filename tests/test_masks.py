@@ -775,3 +775,22 @@ def test_sharded_segments_bias_mask(shardy, tmp_path):
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(tmp_path),
                        env=env, timeout=300)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_bias_gradient_only_when_differentiated():
+    """A bias that is not differentiated costs no dbias (the kernel gets a placeholder)."""
+    q, k, v = random_inputs((2, 40, 4, 16), (2, 50, 2, 16), jnp.float32)
+    bias = jnp.asarray(_dense((1, 1, 40, 50), "bias", 12))
+    f = lambda impl: lambda q, b: jnp.sum(jaxattn.flash_attention(q, k, v, b, implementation=impl) ** 2)
+
+    def bwd_results(argnums):
+        hlo = jax.jit(jax.grad(f("cpu"), argnums=argnums)).lower(q, bias).as_text()
+        return [line.split("->")[-1] for line in hlo.splitlines() if "jaxattn_cpu_bwd" in line]
+
+    assert all("tensor<1x1x40x50xf32>" not in r and "tensor<1xf32>" in r for r in bwd_results(0))
+    assert all("tensor<1x1x40x50xf32>" in r for r in bwd_results(1))
+    for argnums in (0, 1, (0, 1)):
+        got = jax.grad(f("cpu"), argnums=argnums)(q, bias)
+        want = jax.grad(f("reference"), argnums=argnums)(q, bias)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=2e-5)
