@@ -14,16 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.h"
 #include "half_bits.h"
 
-#define CUDA_CHECK(x)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-      std::exit(2);                                                                                \
-    }                                                                                              \
-  } while (0)
 
 struct Case {
   int B, T, S, N, K, H;

@@ -38,12 +38,6 @@ static const char* variant_name(int v) { return v == 0 ? "split-hd" : v == 1 ? "
 static FILE* g_log = stdout;
 static constexpr size_t kGuard = 4096;  // poisoned elements after each gradient
 
-static void check_launch(const jc::LaunchStatus& st) {
-  if (!st.ok()) {
-    std::fprintf(stderr, "launch failed in %s: %s\n", st.kernel, cudaGetErrorString(st.error));
-    std::exit(2);
-  }
-}
 
 // Device buffers of one case.
 struct DevCase {

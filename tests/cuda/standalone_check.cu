@@ -24,27 +24,14 @@
 
 #include "common/params.h"
 #include "launch.h"
+#include "cuda_check.h"
 #include "half_bits.h"
 
 using jaxattn::AttnParams;
 using jaxattn::DType;
 namespace jc = jaxattn::cuda;
 
-#define CUDA_CHECK(x)                                                                   \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                     \
-    }                                                                                   \
-  } while (0)
 
-static void check_launch(const jc::LaunchStatus& st) {
-  if (!st.ok()) {
-    std::fprintf(stderr, "launch failed in %s: %s\n", st.kernel, cudaGetErrorString(st.error));
-    std::exit(2);
-  }
-}
 
 struct Case {
   int B, T, S, N, K, H;
