@@ -12,6 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .reference import masked_softmax
+
 
 def gather_cache(cache, block_table=None):
     """The cache as contiguous rows [B, capacity, K, H].
@@ -61,14 +63,7 @@ def attention(query, key_cache, value_cache, kv_lengths, block_table=None, *, sc
         logits = jnp.float32(softcap) * jnp.tanh(logits / jnp.float32(softcap))
     mask = visible(kv_lengths, T, S, window_left)[:, None, None]  # [B, 1, 1, T, S]
     logits = jnp.where(mask, logits, -jnp.inf)
-    m = jnp.max(logits, axis=-1, keepdims=True)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    e = jnp.exp(logits - m)
-    l = jnp.sum(e, axis=-1, keepdims=True)
-    nonempty = l > 0
-    l_safe = jnp.where(nonempty, l, 1.0)
-    probs = e / l_safe
-    lse = jnp.where(nonempty, jnp.log(l_safe) + m, -jnp.inf)[..., 0]  # [B, K, g, T]
+    probs, lse = masked_softmax(logits)  # lse [B, K, g, T]
     out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(v.dtype), v, preferred_element_type=jnp.float32,
                      precision=hi)
     out = out.reshape(B, T, N, H).astype(query.dtype)

@@ -43,6 +43,19 @@ def visible(seqlen_q: int, seqlen_k: int, is_causal: bool, window=None, q_length
     return mask
 
 
+def masked_softmax(logits):
+    """(softmax over the last axis, logsumexp without it) of f32 logits where masked
+    entries are -inf: rows with no visible entry give probabilities 0 and lse -inf,
+    and a gradient that stays finite (zero) there."""
+    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.exp(logits - m)
+    l = jnp.sum(e, axis=-1, keepdims=True)
+    nonempty = l > 0
+    l_safe = jnp.where(nonempty, l, 1.0)
+    return e / l_safe, jnp.where(nonempty, jnp.log(l_safe) + m, -jnp.inf)[..., 0]
+
+
 def _by_kv_head(x, K: int, g: int):
     """A dense [Bb, Nb, Tb, Sb] array (Nb = 1 or K * g) -> broadcastable to [B, K, g, T, S]."""
     Bb, Nb, Tb, Sb = x.shape
@@ -79,15 +92,7 @@ def attention(query, key, value, *, scale: float, is_causal: bool, window=None, 
         vis = dense if vis is None else vis & dense
     if vis is not None:
         logits = jnp.where(vis, logits, -jnp.inf)
-    # A logsumexp whose gradient stays finite (zero) on rows with no key.
-    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    e = jnp.exp(logits - m)
-    l = jnp.sum(e, axis=-1, keepdims=True)
-    nonempty = l > 0
-    l_safe = jnp.where(nonempty, l, 1.0)
-    probs = e / l_safe
-    lse = jnp.where(nonempty, jnp.log(l_safe) + m, -jnp.inf)[..., 0]  # [B, K, g, T]
+    probs, lse = masked_softmax(logits)  # lse [B, K, g, T]
     out = jnp.einsum(
         "bkgts,bskh->btkgh", probs.astype(value.dtype), value, preferred_element_type=jnp.float32,
         precision=hi,
