@@ -86,7 +86,7 @@ def test_default_dispatch_on_gpu():
         q96, k96, v96 = random_inputs((1, 64, 4, 96), (1, 64, 4, 96), jnp.bfloat16, device=_gpu())
         assert jaxattn.kernel_for(q96, k96, v96) == "cuda:fwd=sm80,bwd=sm80"
         q256, k256, v256 = random_inputs((1, 64, 4, 256), (1, 64, 4, 256), jnp.bfloat16, device=_gpu())
-        assert jaxattn.kernel_for(q256, k256, v256) == "cuda:fwd=sm90,bwd=sm80"
+        assert jaxattn.kernel_for(q256, k256, v256) == "cuda:fwd=sm90,bwd=sm90"
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
     assert jaxattn.kernel_for(q32, k32, v32) == "reference"
     # float32 on the GPU falls back to the reference, and still gives the right answer.

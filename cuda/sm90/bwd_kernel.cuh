@@ -1,5 +1,5 @@
 // The Hopper (sm_90a) flash-attention backward kernel: warp-specialised, one CTA
-// per 128-key block of one (batch, kv head); the whole GQA group of query heads
+// per 128-key block (head dim 256: 64 keys) of one (batch, kv head); the whole GQA group of query heads
 // streams through it, so dK / dV are reduced over the group in registers.
 //
 // Threads: warpgroup 0 = producer (setmaxnreg.dec; one thread issues every TMA
@@ -13,6 +13,7 @@
 #include "common/ptx.h"
 #include "sm90/bwd_epilogue.cuh"
 #include "sm90/bwd_mainloop.cuh"
+#include "sm90/bwd_mainloop_wide.cuh"
 #include "sm90/bwd_traits.cuh"
 
 namespace jaxattn::sm90 {
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
 #pragma unroll
     for (int s = 0; s < Tr::kStages; ++s) {
       hptx::mbar_init(sm.bar_q_full(s), 1);
-      hptx::mbar_init(sm.bar_q_empty(s), 4 * Tr::kConsumerWarpgroups);
+      hptx::mbar_init(sm.bar_q_empty(s), Tr::kQEmptyArrivals);
     }
     hptx::mbar_init_fence();
   }
@@ -74,8 +75,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     hptx::setmaxnreg_inc<Tr::kConsumerRegs>();
     const int wg = warpgroup - 1;
     const int tid = threadIdx.x % 128;
-    float dk[Tr::kHeadDim / 2], dv[Tr::kHeadDim / 2];
-    BwdMainloop<Tr>::template consume<kCausal>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid);
+    float dk[Tr::kAccRegs], dv[Tr::kAccRegs];
+    if constexpr (Tr::kWide)
+      BwdMainloopWide<Tr>::template consume<kCausal>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid);
+    else
+      BwdMainloop<Tr>::template consume<kCausal>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid);
     BwdEpilogue<Tr>::store(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);
   }
 }

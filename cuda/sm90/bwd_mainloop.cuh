@@ -36,7 +36,7 @@ struct BwdMainloop {
   static constexpr int kBlockN = Tr::kBlockN;
   static constexpr int kSRegs = kBlockM / 2;    // S^T / dP^T accumulator floats (64 keys x kBlockM)
   static constexpr int kPRegs = kBlockM / 4;    // P^T / dS^T as packed 16-bit pairs
-  static constexpr int kAccRegs = kHeadDim / 2; // dK / dV accumulator floats (64 keys x H)
+  static constexpr int kAccRegs = Tr::kAccRegs;  // dK / dV accumulator floats (64 keys x H)
   static constexpr int kDqRegs = Tr::kDqCols / 2;
   using Pipe = PipeState<Tr::kStages>;
 
@@ -120,6 +120,62 @@ struct BwdMainloop {
     return e == 0 ? __shfl_sync(0xffffffffu, v.x, src) : __shfl_sync(0xffffffffu, v.y, src);
   }
 
+  // lse (log2 domain; +inf for rows past T or with no key, so P = 0) and D of query
+  // columns q0 + 2 lane, q0 + 2 lane + 1 (one coalesced load per lane).
+  __device__ __forceinline__ static void load_row_stats(const float* lse_bh, const float* dps_bh, int q0, int T,
+                                                        int num_heads, int lane, float2& lse2, float2& dps2) {
+    const int qa = q0 + 2 * lane, qb = qa + 1;
+    const float la = qa < T ? lse_bh[(int64_t)qa * num_heads] : -INFINITY;
+    const float lb = qb < T ? lse_bh[(int64_t)qb * num_heads] : -INFINITY;
+    lse2.x = la == -INFINITY ? INFINITY : la * float(M_LOG2E);
+    lse2.y = lb == -INFINITY ? INFINITY : lb * float(M_LOG2E);
+    dps2.x = qa < T ? dps_bh[qa] : 0.f;
+    dps2.y = qb < T ? dps_bh[qb] : 0.f;
+  }
+
+  // P^T = exp2(S^T scale log2e - lse) in place, for an accumulator of 64 keys (this
+  // thread's rows key0, key0 + 8) x kCols query columns from q0; keys >= S and
+  // (causal) keys > query are zeroed when need_mask.
+  template <bool kCausal, int kCols>
+  __device__ __forceinline__ static void probs(float (&s)[kCols / 2], const float2& lse2, int q0, int key0, int S,
+                                               float sl2, bool need_mask, int t) {
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float l = col_value(lse2, j, t, e);
+        const int q = q0 + 8 * j + 2 * t + e;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float& x = s[4 * j + 2 * h + e];
+          x = ptx::exp2_approx(fmaf(x, sl2, -l));
+          if (need_mask) {
+            const int key = key0 + 8 * h;
+            if (key >= S || (kCausal && key > q)) x = 0.f;
+          }
+        }
+      }
+    }
+  }
+
+  // dS^T = P^T (dP^T - D) in place of dP^T.
+  template <int kCols>
+  __device__ __forceinline__ static void dscores(float (&dp)[kCols / 2], const float (&p)[kCols / 2],
+                                                 const float2& dps2, int t) {
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float d = col_value(dps2, j, t, e);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * j + 2 * h + e;
+          dp[i] = p[i] * (dp[i] - d);
+        }
+      }
+    }
+  }
+
   // ---- consumer: every step of a tile -------------------------------------------
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
   template <bool kCausal>
@@ -152,15 +208,7 @@ struct BwdMainloop {
         // lse (log2 domain; +inf for rows past T or with no key: P = 0) and D for
         // columns 2 lane, 2 lane + 1 of this block.
         float2 lse2, dps2;
-        {
-          const int qa = q_base + 2 * lane, qb = qa + 1;
-          const float la = qa < T ? lse_bh[(int64_t)qa * args.num_heads] : -INFINITY;
-          const float lb = qb < T ? lse_bh[(int64_t)qb * args.num_heads] : -INFINITY;
-          lse2.x = la == -INFINITY ? INFINITY : la * float(M_LOG2E);
-          lse2.y = lb == -INFINITY ? INFINITY : lb * float(M_LOG2E);
-          dps2.x = qa < T ? dps_bh[qa] : 0.f;
-          dps2.y = qb < T ? dps_bh[qb] : 0.f;
-        }
+        load_row_stats(lse_bh, dps_bh, q_base, T, args.num_heads, lane, lse2, dps2);
 
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
@@ -174,41 +222,14 @@ struct BwdMainloop {
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(s);
         const bool need_mask = key_wg0 + 63 >= S || (kCausal && key_wg0 + 63 > q_base);
-#pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float l = col_value(lse2, j, t, e);
-            const int q = q_base + 8 * j + 2 * t + e;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float& x = s[4 * j + 2 * h + e];
-              x = ptx::exp2_approx(fmaf(x, sl2, -l));
-              if (need_mask) {
-                const int key = key0 + 8 * h;
-                if (key >= S || (kCausal && key > q)) x = 0.f;
-              }
-            }
-          }
-        }
+        probs<kCausal, kBlockM>(s, lse2, q_base, key0, S, sl2, need_mask, t);
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
 
         // dS^T once dP^T is in.
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dp);
-#pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float d = col_value(dps2, j, t, e);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int i = 4 * j + 2 * h + e;
-              dp[i] = s[i] * (dp[i] - d);
-            }
-          }
-        }
+        dscores<kBlockM>(dp, s, dps2, t);
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
 

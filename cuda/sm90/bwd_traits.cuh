@@ -12,6 +12,17 @@
 //   dV += P^T dO, dK += dS^T Q                   (wgmma, A = P^T / dS^T from registers)
 //   dQ[:, half w] = dS K                         (wgmma, A = dS^T of both warpgroups via smem)
 // and adds its half of dQ (f32) into the global accumulator with a TMA reduce-add.
+//
+// Head dim 256 ("wide": dK + dV of 64 keys x 256 do not fit one warpgroup's
+// registers): a CTA owns kBlockN = 64 keys and both consumer warpgroups work on
+// all of them, each for one half of the head dim. Per query block warpgroup w
+// computes S^T and dP^T for query columns 32 w .. 32 w + 31 (wgmma N = 32), writes
+// its P^T and dS^T columns to shared memory, and after a barrier of both
+// computes, for head-dim columns 128 w .. 128 w + 127,
+//   dV += P^T dO, dK += dS^T Q, dQ = dS K        (wgmma, A and B from smem)
+// dQ is staged in the step's own Q (warpgroup 0) / dO (warpgroup 1) buffer once
+// both warpgroups are done reading it, and the stage is handed back to the
+// producer after the reduce-add has read it (bwd_mainloop_wide.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,7 +39,8 @@ namespace jaxattn::sm90 {
 //   Q   [kStages][kChunks][kBlockM][64]
 //   dO  [kStages][kChunks][kBlockM][64]
 //   dS^T [2][kBlockN][kBlockM]           (double-buffered: kBlockM = 64 = one chunk)
-//   dQ staging [2 warpgroups][kHeadDim/64 chunks][kBlockM][32 floats]
+//   P^T  [2][kBlockN][kBlockM]           (wide only)
+//   dQ staging [2 warpgroups][kDqCols/32 chunks][kBlockM][32 floats] (not wide)
 //   mbarriers: kv_full, q_full[s], q_empty[s]
 // kSplitKeys: how the two warpgroups share dQ = dS K. false: each computes half of the
 // head dim over all 128 keys (needs the other's dS^T half: a barrier of both
@@ -39,11 +51,13 @@ struct BwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSplitKeys = kSplitKeys_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
   static_assert(!kSplitKeys || kHeadDim == 64, "split-keys dQ fits the registers at head dim 64");
 
-  static constexpr int kConsumerWarpgroups = 2;  // each owns 64 keys
-  static constexpr int kBlockN = 64 * kConsumerWarpgroups;
+  // Wide: both warpgroups share the CTA's 64 keys and split the head dim.
+  static constexpr bool kWide = kHeadDim == 256;
+  static constexpr int kConsumerWarpgroups = 2;  // each owns 64 keys (wide: half the head dim)
+  static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
@@ -52,23 +66,32 @@ struct BwdTraits {
 
   static constexpr int kChunks = kHeadDim / 64;
   static constexpr int kDqCols = kSplitKeys ? kHeadDim : kHeadDim / 2;  // dQ columns per warpgroup
+  static constexpr int kKvCols = kWide ? kHeadDim / 2 : kHeadDim;        // dK / dV columns per warpgroup
+  static constexpr int kAccRegs = kKvCols / 2;                           // dK / dV floats per thread
   static constexpr int kDqChunks = kDqCols / 32;       // f32 chunks of them
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
-  static constexpr int kDqWgBytes = kBlockM * kDqCols * 4;
+  // Wide: dQ is staged in the step's Q / dO buffers (no tile of its own).
+  static constexpr int kDqWgBytes = kWide ? 0 : kBlockM * kDqCols * 4;
+  static_assert(!kWide || kBlockM * kDqCols * 4 == kQBytes, "a warpgroup's dQ fits its Q / dO buffer");
 
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKVBytes;
   static constexpr int kOffQ = kOffV + kKVBytes;
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
-  static constexpr int kOffDq = kOffDs + 2 * kDsBytes;
+  static constexpr int kOffPt = kOffDs + 2 * kDsBytes;  // wide: P^T [2][kBlockN][kBlockM]
+  static constexpr int kOffDq = kOffPt + (kWide ? 2 * kDsBytes : 0);
   static constexpr int kOffBar = kOffDq + kConsumerWarpgroups * kDqWgBytes;
   static constexpr int kNumBars = 1 + 2 * kStages;
+  // Arrivals that free a Q / dO stage: one per consumer warp; wide: one per
+  // warpgroup, after its dQ reduce-add has read the staging it put there.
+  static constexpr int kQEmptyArrivals = kWide ? kConsumerWarpgroups : 4 * kConsumerWarpgroups;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqWgBytes % 1024 == 0, "1024-aligned tiles");
+  static_assert(kBlockM == 64, "a dS^T / P^T tile is one 64-column chunk");
 };
 
 // Device-side arguments other than the tensor maps.
@@ -90,6 +113,7 @@ struct BwdSmem {
   __device__ __forceinline__ uint32_t q(int s) const { return base + Tr::kOffQ + s * Tr::kQBytes; }
   __device__ __forceinline__ uint32_t dout(int s) const { return base + Tr::kOffDo + s * Tr::kQBytes; }
   __device__ __forceinline__ uint32_t ds(int b) const { return base + Tr::kOffDs + b * Tr::kDsBytes; }
+  __device__ __forceinline__ uint32_t pt(int b) const { return base + Tr::kOffPt + b * Tr::kDsBytes; }
   __device__ __forceinline__ uint32_t dq(int wg) const { return base + Tr::kOffDq + wg * Tr::kDqWgBytes; }
   // mbarriers: K and V loaded; Q/dO stage s full (TMA landed) / empty (every consumer warp done).
   __device__ __forceinline__ uint32_t bar_kv() const { return base + Tr::kOffBar; }

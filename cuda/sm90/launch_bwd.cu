@@ -9,7 +9,7 @@
 
 namespace jaxattn::sm90 {
 
-bool bwd_head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
+bool bwd_head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
 cuda::LaunchStatus flash_bwd_sm90_variant(const AttnParams& p, cudaStream_t stream, BwdVariant variant) {
   const bool bf16 = p.dtype == DType::kBF16;
@@ -18,6 +18,8 @@ cuda::LaunchStatus flash_bwd_sm90_variant(const AttnParams& p, cudaStream_t stre
       return bf16 ? run_bwd<64, __nv_bfloat16>(p, stream, variant) : run_bwd<64, __half>(p, stream, variant);
     case 128:
       return bf16 ? run_bwd<128, __nv_bfloat16>(p, stream, variant) : run_bwd<128, __half>(p, stream, variant);
+    case 256:
+      return bf16 ? run_bwd<256, __nv_bfloat16>(p, stream, variant) : run_bwd<256, __half>(p, stream, variant);
     default:
       return {cudaErrorInvalidValue, "flash_bwd_sm90 (unsupported head dim)"};
   }

@@ -14,16 +14,18 @@ namespace jaxattn::sm90 {
 
 // Packed 16-bit pairs of an accumulator tile of kCols columns (pk[2 j + h] = columns
 // 8 j + 2 t, + 1 of row row + 8 h; the layout convert_p gives) -> chunked tile of
-// 64-element chunks. row: this thread's h = 0 row (16 warp + g); t = lane % 4.
+// 64-element chunks. row: this thread's h = 0 row (16 warp + g); t = lane % 4;
+// col0: the tile column of the accumulator's column 0 (a multiple of 8).
 template <int kCols>
 __device__ __forceinline__ void store_packed_sw128(const uint32_t (&pk)[kCols / 4], uint32_t rows_addr,
-                                                   uint32_t chunk_stride, int row, int t) {
+                                                   uint32_t chunk_stride, int row, int t, int col0 = 0) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row + 8 * h;
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
-      const uint32_t addr = rows_addr + (j / 8) * chunk_stride + r * 128 + (((j % 8) ^ (r % 8)) * 16) + 4 * t;
+      const int u = j + col0 / 8;  // 16-byte unit of the tile row
+      const uint32_t addr = rows_addr + (u / 8) * chunk_stride + r * 128 + (((u % 8) ^ (r % 8)) * 16) + 4 * t;
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pk[2 * j + h]) : "memory");
     }
   }

@@ -237,8 +237,9 @@ static std::vector<std::pair<Case, bool>> check_cases(bool quick) {
   add({1, 128, 128, 1, 1, 128, true, false}, true);
   add({1, 128, 128, 1, 1, 64, true, true}, true);
   add({2, 200, 333, 4, 2, 128, true, true, 1.f, 8}, true);
+  add({1, 130, 190, 2, 1, 256, true, true}, true);
   if (quick) return cs;
-  for (int H : {64, 128})
+  for (int H : {64, 128, 256})
     for (bool causal : {false, true}) {
       add({1, 333, 200, 2, 1, H, true, causal}, true);
       add({2, 129, 257, 4, 4, H, false, causal}, true);
@@ -376,7 +377,7 @@ int main(int argc, char** argv) {
   }
   int det_failed = 0;
   if (do_check && !quick)
-    for (int H : {64, 128})
+    for (int H : {64, 128, 256})
       for (int vi = 0; vi < kNV; ++vi) {
         const bool same = determinism_check(H, vi);
         det_failed += !same;
@@ -386,13 +387,13 @@ int main(int argc, char** argv) {
   failed += det_failed;
   std::vector<BenchRow> rows;
   if (do_bench)
-    for (int H : {64, 128})
+    for (int H : {64, 128, 256})
       for (bool causal : {false, true})
         for (int T : {1024, 4096, 16384}) rows.push_back(bench(T, H, causal));
   std::printf("===== results =====\n");
   if (do_check) {
     std::printf("check: %d / %d (case, variant) runs ok\n", total - (failed - det_failed), total);
-    if (!quick) std::printf("deterministic: %d of %d (H, variant) pairs differ between runs\n", det_failed, 2 * kNV);
+    if (!quick) std::printf("deterministic: %d of %d (H, variant) pairs differ between runs\n", det_failed, 3 * kNV);
   }
   if (!rows.empty()) {
     std::printf("| H | T | causal | sm80 | sm90 split-hd | sm90 split-keys | sm90 default | default/sm80 |\n"

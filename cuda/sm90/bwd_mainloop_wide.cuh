@@ -1,0 +1,194 @@
+// Consumer main loop of the Hopper backward at head dim 256 ("wide", layout in
+// bwd_traits.cuh): both consumer warpgroups work on the CTA's 64 keys, warpgroup w
+// on query columns 32 w .. 32 w + 31 of S^T / dP^T and on head-dim columns
+// 128 w .. 128 w + 127 of dK, dV and dQ. The producer is BwdMainloop's.
+//
+// Per query block (step), in warpgroup w:
+//   1. S^T and dP^T for its 32 query columns (wgmma N = 32, two commit groups).
+//   2. P^T, then dS^T, to shared memory (its columns of the shared P^T / dS^T tiles);
+//      one barrier of both warpgroups.
+//   3. dV += P^T dO, dK += dS^T Q (one commit group), dQ = dS K (another); all
+//      operands from shared memory, this warpgroup's half of the head dim.
+//   4. Once dV / dK are done in both warpgroups (a second barrier) nothing reads
+//      the step's Q / dO any more: dQ (f32) is staged over Q (w = 0) or dO (w = 1)
+//      and one thread adds it to the global accumulator with a TMA reduce-add. The
+//      stage goes back to the producer when that reduce has read it: checked at
+//      the next step, after its first wgmmas are issued.
+#pragma once
+
+#include <cuda.h>
+
+#include <cmath>
+
+#include "common/hopper_ptx.h"
+#include "common/params.h"  // kDqSemaphoreRows
+#include "common/ptx.h"
+#include "sm90/bwd_mainloop.cuh"
+#include "sm90/bwd_traits.cuh"
+#include "sm90/fwd_smem.cuh"  // PipeState
+#include "sm90/smem_rows.cuh"
+
+namespace jaxattn::sm90 {
+
+template <class Tr>
+struct BwdMainloopWide {
+  static_assert(Tr::kWide && Tr::kBlockN == 64 && Tr::kBlockM == 64, "wide tile: 64 keys x 64 queries");
+  using Elem = typename Tr::Elem;
+  using Base = BwdMainloop<Tr>;
+  static constexpr int kHeadDim = Tr::kHeadDim;
+  static constexpr int kBlockM = Tr::kBlockM;
+  static constexpr int kBlockN = Tr::kBlockN;
+  static constexpr int kQCols = kBlockM / 2;       // query columns of S^T / dP^T per warpgroup
+  static constexpr int kSRegs = kQCols / 2;        // their accumulator floats (64 keys x 32)
+  static constexpr int kHalf = kHeadDim / 2;       // head-dim columns of dK / dV / dQ per warpgroup
+  static constexpr int kAccRegs = Tr::kAccRegs;    // = kHalf / 2
+  static constexpr int kChunkBytes = kBlockM * 128;  // one 64-column chunk of a Q / dO / K tile
+  static_assert(kBlockN * 128 == kChunkBytes, "K and Q tiles share the chunk stride");
+  using Pipe = PipeState<Tr::kStages>;
+
+  // acc(64 keys x 32 queries) = A B^T over the head dim: A = K or V (all 64 rows),
+  // B = Q or dO rows 32 wg .. 32 wg + 31; both K-major chunked tiles.
+  __device__ __forceinline__ static void issue_abT(float (&acc)[kSRegs], uint32_t a_tile, uint32_t b_tile, int wg) {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t chunk = kk / 4, off = (kk % 4) * 32;
+      const uint64_t da = hptx::make_desc_sw128(a_tile + chunk * kChunkBytes + off, 16, 1024);
+      const uint64_t db = hptx::make_desc_sw128(b_tile + chunk * kChunkBytes + wg * kQCols * 128 + off, 16, 1024);
+      hptx::wgmma_ss<Elem, kQCols, 0>(acc, da, db, kk > 0 ? 1 : 0);
+    }
+  }
+
+  // acc(64 keys x kHalf) += A B: A = P^T or dS^T ([keys][queries] tile, K-major),
+  // B = dO or Q, head-dim columns of half wg (MN-major).
+  __device__ __forceinline__ static void issue_kv(float (&acc)[kAccRegs], uint32_t a_tile, uint32_t b_tile, int wg) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      const uint64_t da = hptx::make_desc_sw128(a_tile + kk * 32, 16, 1024);
+      const uint64_t db = hptx::make_desc_sw128(b_tile + 2 * wg * kChunkBytes + kk * 16 * 128, kChunkBytes, 1024);
+      hptx::wgmma_ss_t<Elem, kHalf, 0, 1>(acc, da, db, 1);
+    }
+  }
+
+  // dq(64 queries x kHalf) = dS K: A = dS^T tile read MN-major, B = K (MN-major), head-dim
+  // columns of half wg.
+  __device__ __forceinline__ static void issue_dq(float (&dq)[kAccRegs], uint32_t ds_tile, uint32_t k_tile, int wg) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint64_t da = hptx::make_desc_sw128(ds_tile + kk * 16 * 128, kBlockN * 128, 1024);
+      const uint64_t db = hptx::make_desc_sw128(k_tile + 2 * wg * kChunkBytes + kk * 16 * 128, kChunkBytes, 1024);
+      hptx::wgmma_ss_t<Elem, kHalf, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
+    }
+  }
+
+  // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
+  template <bool kCausal>
+  __device__ static void consume(float (&dk)[kAccRegs], float (&dv)[kAccRegs], const CUtensorMap* tm_dq,
+                                 const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args, int wg,
+                                 int tid) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int key_cta0 = tile.n_block * kBlockN;  // first key of this CTA
+    const int key0 = key_cta0 + warp * 16 + g;    // this thread's h = 0 key row
+    const float sl2 = args.scale_log2;
+    const int T = args.seqlen_q, S = args.seqlen_k;
+    const int sem_blocks = (T + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
+
+#pragma unroll
+    for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
+    float s[kSRegs], dp[kSRegs], dq[kAccRegs];
+    uint32_t pk[kSRegs / 2];
+
+    hptx::mbar_wait(sm.bar_kv(), 0);
+    Pipe pipe;
+    int buf = 0;
+    int pending_stage = -1;  // stage whose dQ reduce-add may still be reading it (thread 0)
+    for (int hg = 0; hg < args.group; ++hg) {
+      const int head = tile.kv_head * args.group + hg;
+      const float* lse_bh = args.lse + (int64_t)tile.batch * T * args.num_heads + head;  // stride N
+      const float* dps_bh = args.dpsum + ((int64_t)tile.batch * args.num_heads + head) * T;
+      for (int m = tile.m_begin; m < tile.m_end; ++m) {
+        const int q_base = m * kBlockM, q0 = q_base + wg * kQCols;
+        float2 lse2, dps2;
+        Base::load_row_stats(lse_bh, dps_bh, q0, T, args.num_heads, lane, lse2, dps2);
+
+        hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
+        const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
+        hptx::wgmma_fence();
+        issue_abT(s, sm.k(), q_tile, wg);
+        hptx::wgmma_commit();
+        issue_abT(dp, sm.v(), do_tile, wg);
+        hptx::wgmma_commit();
+
+        // The previous step's reduce-add has read its staging: that stage is free.
+        if (tid == 0 && pending_stage >= 0) {
+          hptx::bulk_wait_read0();
+          hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
+        }
+
+        // P^T, then dS^T, into this warpgroup's columns of the shared tiles.
+        hptx::wgmma_wait<1>();
+        hptx::reg_fence_array(s);
+        const bool need_mask = key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q0);
+        Base::template probs<kCausal, kQCols>(s, lse2, q0, key0, S, sl2, need_mask, t);
+#pragma unroll
+        for (int i = 0; i < kSRegs / 2; ++i) pk[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
+        store_packed_sw128<kQCols>(pk, sm.pt(buf), 0, warp * 16 + g, t, wg * kQCols);
+
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(dp);
+        Base::template dscores<kQCols>(dp, s, dps2, t);
+#pragma unroll
+        for (int i = 0; i < kSRegs / 2; ++i) pk[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
+        store_packed_sw128<kQCols>(pk, sm.ds(buf), 0, warp * 16 + g, t, wg * kQCols);
+        hptx::fence_proxy_async_smem();
+        hptx::named_bar_sync(1, 256);  // both warpgroups' P^T / dS^T columns are in
+
+        hptx::wgmma_fence();
+        issue_kv(dv, sm.pt(buf), do_tile, wg);
+        issue_kv(dk, sm.ds(buf), q_tile, wg);
+        hptx::wgmma_commit();
+        issue_dq(dq, sm.ds(buf), sm.k(), wg);
+        hptx::wgmma_commit();
+
+        // dV / dK done here and (barrier) in the other warpgroup: Q / dO are free.
+        hptx::wgmma_wait<1>();
+        hptx::reg_fence_array(dk);
+        hptx::reg_fence_array(dv);
+        hptx::named_bar_sync(1, 256);
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(dq);
+        const uint32_t dq_stage = wg == 0 ? q_tile : do_tile;
+        store_acc_f32_sw128<kHalf>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+        hptx::fence_proxy_async_smem();
+        hptx::named_bar_sync(2 + wg, 128);
+        if (tid == 0) {
+          // Deterministic mode: key block n adds after blocks 0 .. n-1 (one add per
+          // warpgroup each, disjoint columns) and waits for its add to land.
+          int32_t* sem = args.dq_semaphore
+                             ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
+                                   q_base / kDqSemaphoreRows
+                             : nullptr;
+          if (sem) {
+            ptx::wait_counter_geq(sem, 2 * tile.n_block);
+            hptx::fence_proxy_async_global();
+          }
+          hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
+          hptx::bulk_commit();
+          if (sem) {
+            hptx::bulk_wait0();
+            hptx::fence_proxy_async_global();
+            ptx::release_counter_inc(sem);
+          }
+        }
+        pending_stage = pipe.stage;
+        pipe.advance();
+        buf ^= 1;
+      }
+    }
+    if (tid == 0 && pending_stage >= 0) {
+      hptx::bulk_wait_read0();
+      hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
+    }
+  }
+};
+
+}  // namespace jaxattn::sm90
