@@ -9,7 +9,8 @@
 #   (which also links the portable kernels: it compares against them).
 # Env: NVCC (default /usr/local/cuda/bin/nvcc, else nvcc on PATH), BUILD
 #      (default build/sm90_standalone_$CHECK), SANITIZE (1), RUN (1; 0 = build only),
-#      REUSE (0; 1 = keep object files already built).
+#      REUSE (0; 1 = keep object files already built), EXTRA_FLAGS (more nvcc flags,
+#      e.g. -D switches of a timing experiment).
 #      With $OUT set, logs are copied there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ BUILD=${BUILD:-build/sm90_standalone_$CHECK}
 BIN="$BUILD/sm90_${CHECK}_check"
 mkdir -p "$BUILD"
 ARCH=(-gencode arch=compute_90a,code=sm_90a)
-FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -Icuda -Itests/cuda "${ARCH[@]}" -Xptxas -v -lineinfo)
+FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -Icuda -Itests/cuda "${ARCH[@]}" -Xptxas -v -lineinfo ${EXTRA_FLAGS:-})
 
 t0=$(date +%s)
 pids=()

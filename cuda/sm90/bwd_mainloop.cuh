@@ -57,6 +57,13 @@ struct BwdMainloop {
       const int head = tile.kv_head * args.group + hg;
       for (int m = tile.m_begin; m < tile.m_end; ++m) {
         hptx::mbar_wait(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
+#ifdef JAXATTN_EXP_Q_ONCE  // timing experiment only: Q / dO loaded for the first steps only
+        if (hg > 0 || m - tile.m_begin >= Tr::kStages) {
+          hptx::mbar_arrive(sm.bar_q_full(pipe.stage));
+          pipe.advance();
+          continue;
+        }
+#endif
         hptx::mbar_arrive_expect_tx(sm.bar_q_full(pipe.stage), 2 * Tr::kQBytes);
         hptx::tma_load_5d(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), 0, m * kBlockM, 0, head, tile.batch);
         hptx::tma_load_5d(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), 0, m * kBlockM, 0, head,

@@ -171,7 +171,9 @@ struct BwdMainloopWide {
             ptx::wait_counter_geq(sem, 2 * tile.n_block);
             hptx::fence_proxy_async_global();
           }
+#ifndef JAXATTN_EXP_NO_DQ_REDUCE  // timing experiment only: dQ never added
           hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
+#endif
           hptx::bulk_commit();
           if (sem) {
             hptx::bulk_wait0();
