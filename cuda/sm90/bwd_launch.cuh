@@ -49,7 +49,6 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
 
   kp.args.lse = p.lse;
   kp.args.dpsum = p.dpsum;
-  kp.args.dq_accum = p.dq_accum;
   kp.args.dq_semaphore = p.deterministic ? p.dq_semaphore : nullptr;
   if (p.deterministic) {
     e = cuda::clear_dq_semaphore(p, stream);
@@ -80,9 +79,6 @@ cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant 
   if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim);
   if constexpr (kHeadDim == 64) {
     if (variant == BwdVariant::kSplitKeys) return launch_bwd<BwdTraits<kHeadDim, Elem, true>>(p, stream);
-  }
-  if constexpr (kHeadDim == 256) {
-    if (variant == BwdVariant::kDqAtomic) return launch_bwd<BwdTraits<kHeadDim, Elem, false, true>>(p, stream);
   }
   return launch_bwd<BwdTraits<kHeadDim, Elem, false>>(p, stream);
 }

@@ -14,7 +14,6 @@
 //      and one thread adds it to the global accumulator with a TMA reduce-add. The
 //      stage goes back to the producer when that reduce has read it: checked at
 //      the next step, after its first wgmmas are issued.
-//      kDqAtomic instead adds dQ from registers (no staging, no second barrier).
 #pragma once
 
 #include <cuda.h>
@@ -78,36 +77,6 @@ struct BwdMainloopWide {
       const uint64_t da = hptx::make_desc_sw128(ds_tile + kk * 16 * 128, kBlockN * 128, 1024);
       const uint64_t db = hptx::make_desc_sw128(k_tile + 2 * wg * kChunkBytes + kk * 16 * 128, kChunkBytes, 1024);
       hptx::wgmma_ss_t<Elem, kHalf, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
-    }
-  }
-
-  // kDqAtomic: this warpgroup's dQ tile (query rows q_base .., head-dim columns of
-  // half wg) added into dq_accum from registers, two floats per reduction.
-  // Deterministic mode: after key blocks 0 .. n-1 (counter), then counted once
-  // every thread's adds are visible.
-  __device__ __forceinline__ static void add_dq_atomic(const float (&dq)[kAccRegs], const BwdArgs& args,
-                                                       const BwdTile& tile, int head, int q_base, int wg, int tid) {
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int T = args.seqlen_q;
-    int32_t* sem = nullptr;
-    if (args.dq_semaphore) {
-      const int sem_blocks = (T + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
-      sem = args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks + q_base / kDqSemaphoreRows;
-      if (tid == 0) ptx::wait_counter_geq(sem, 2 * tile.n_block);
-      hptx::named_bar_sync(2 + wg, 128);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int q = q_base + warp * 16 + g + 8 * h;
-      if (q >= T) continue;
-      float* row = args.dq_accum + (((int64_t)tile.batch * T + q) * args.num_heads + head) * kHeadDim + wg * kHalf;
-#pragma unroll
-      for (int j = 0; j < kHalf / 8; ++j) ptx::red_add_f32x2(row + 8 * j + 2 * t, dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
-    }
-    if (sem) {
-      __threadfence();
-      hptx::named_bar_sync(2 + wg, 128);
-      if (tid == 0) ptx::release_counter_inc(sem);
     }
   }
 
@@ -180,17 +149,6 @@ struct BwdMainloopWide {
         issue_dq(dq, sm.ds(buf), sm.k(), wg);
         hptx::wgmma_commit();
 
-        if constexpr (Tr::kDqAtomic) {
-          hptx::wgmma_wait<0>();
-          hptx::reg_fence_array(dk);
-          hptx::reg_fence_array(dv);
-          hptx::reg_fence_array(dq);
-          Base::release(sm.bar_q_empty(pipe.stage), lane);  // this warp is done with Q / dO
-          add_dq_atomic(dq, args, tile, head, q_base, wg, tid);
-          pipe.advance();
-          buf ^= 1;
-          continue;
-        }
         // dV / dK done here and (barrier) in the other warpgroup: Q / dO are free.
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(dk);

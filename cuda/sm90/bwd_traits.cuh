@@ -46,20 +46,16 @@ namespace jaxattn::sm90 {
 // head dim over all 128 keys (needs the other's dS^T half: a barrier of both
 // warpgroups every step); true: each computes all of the head dim over its own 64 keys
 // and both add into dq_accum (no shared barrier; dQ registers = H / 2, so head dim 64).
-// kDqAtomic (wide only): dQ is added from registers with vector reductions
-// (red.global.add.v2.f32) instead of being staged for a TMA reduce-add.
-template <int kHeadDim_, typename Elem_, bool kSplitKeys_ = false, bool kDqAtomic_ = false>
+template <int kHeadDim_, typename Elem_, bool kSplitKeys_ = false>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSplitKeys = kSplitKeys_;
-  static constexpr bool kDqAtomic = kDqAtomic_;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
   static_assert(!kSplitKeys || kHeadDim == 64, "split-keys dQ fits the registers at head dim 64");
 
   // Wide: both warpgroups share the CTA's 64 keys and split the head dim.
   static constexpr bool kWide = kHeadDim == 256;
-  static_assert(!kDqAtomic || kWide, "register dQ reductions: wide tile only");
   static constexpr int kConsumerWarpgroups = 2;  // each owns 64 keys (wide: half the head dim)
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
@@ -91,7 +87,7 @@ struct BwdTraits {
   static constexpr int kNumBars = 1 + 2 * kStages;
   // Arrivals that free a Q / dO stage: one per consumer warp; wide: one per
   // warpgroup, after its dQ reduce-add has read the staging it put there.
-  static constexpr int kQEmptyArrivals = kWide && !kDqAtomic ? kConsumerWarpgroups : 4 * kConsumerWarpgroups;
+  static constexpr int kQEmptyArrivals = kWide ? kConsumerWarpgroups : 4 * kConsumerWarpgroups;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqWgBytes % 1024 == 0, "1024-aligned tiles");
@@ -102,7 +98,6 @@ struct BwdTraits {
 struct BwdArgs {
   const float* lse;    // [B, T, N], natural log
   const float* dpsum;  // [B, N, T]: rowsum(dout * o) - dlse
-  float* dq_accum;     // [B, T, N, H] f32 (kDqAtomic adds into it directly)
   int32_t* dq_semaphore;  // deterministic mode: [B, N, ceil(T / kDqSemaphoreRows)]; else null
   int seqlen_q, seqlen_k, num_heads, group;  // group = N / K
   float scale;         // logits scale (dK is scaled here; dQ by the convert kernel)
