@@ -37,8 +37,7 @@ struct BwdMainloop {
   static constexpr int kSRegs = kBlockM / 2;    // S^T / dP^T accumulator floats (64 keys x kBlockM)
   static constexpr int kPRegs = kBlockM / 4;    // P^T / dS^T as packed 16-bit pairs
   static constexpr int kAccRegs = Tr::kAccRegs;  // dK / dV accumulator floats (64 keys x H)
-  static constexpr int kDqRegs = Tr::kDqCols / 2;  // per 64-query chunk
-  static constexpr int kMChunks = Tr::kMChunks;
+  static constexpr int kDqRegs = Tr::kDqCols / 2;
   using Pipe = PipeState<Tr::kStages>;
 
   // Visits the steps of a tile in order: (query head of the group, query block).
@@ -100,26 +99,14 @@ struct BwdMainloop {
     }
   }
 
-  // acc(64 keys x H) += A B: A = this warpgroup's 64 rows of a [chunks][kBlockN][64] tile
-  // in smem (P^T or dS^T, K-major), B = the dO or Q tile (MN-major).
-  __device__ __forceinline__ static void issue_acc_ss(float (&acc)[kAccRegs], uint32_t a_rows, uint32_t b_tile) {
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const uint64_t da = hptx::make_desc_sw128(a_rows + (kk / 4) * kBlockN * 128 + (kk % 4) * 32, 16, 1024);
-      const uint64_t db = hptx::make_desc_sw128(b_tile + kk * 16 * 128, kBlockM * 128, 1024);
-      hptx::wgmma_ss_t<Elem, kHeadDim, 0, 1>(acc, da, db, 1);
-    }
-  }
-
-  // This warpgroup's dQ tile for query chunk mc (64 x kDqCols). A = dS^T chunk mc
-  // ([keys][64 queries] in smem, MN-major), B = K (MN-major). Split head dim: all 128
-  // keys, columns wg * kDqCols ..; split keys: this warpgroup's 64 keys, every column.
-  __device__ __forceinline__ static void issue_dq(float (&dq)[kDqRegs], uint32_t ds_tile, uint32_t k_tile, int wg,
-                                                  int mc) {
+  // This warpgroup's dQ tile (kBlockM x kDqCols). A = dS^T [keys][kBlockM] in smem
+  // (MN-major), B = K (MN-major). Split head dim: all 128 keys, columns from
+  // 64 wg * ... (wg * kDqCols); split keys: this warpgroup's 64 keys, every column.
+  __device__ __forceinline__ static void issue_dq(float (&dq)[kDqRegs], uint32_t ds_tile, uint32_t k_tile, int wg) {
     constexpr int kKeys = Tr::kSplitKeys ? 64 : kBlockN;
     const int col0 = Tr::kSplitKeys ? 0 : wg * Tr::kDqCols;
     const uint32_t row0 = Tr::kSplitKeys ? wg * 64 * 128 : 0;
-    const uint32_t a_base = ds_tile + mc * kBlockN * 128 + row0;
+    const uint32_t a_base = ds_tile + row0;
     const uint32_t b_base = k_tile + row0 + (col0 / 64) * kBlockN * 128 + (col0 % 64) * 2;
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
@@ -156,15 +143,14 @@ struct BwdMainloop {
   // P^T = exp2(S^T scale log2e - lse) in place, for an accumulator of 64 keys (this
   // thread's rows key0, key0 + 8) x kCols query columns from q0; keys >= S and
   // (causal) keys > query are zeroed when need_mask.
-  // (lse2 / dps2: one pair per 64 query columns, from load_row_stats at q0 + 64 c.)
   template <bool kCausal, int kCols>
-  __device__ __forceinline__ static void probs(float (&s)[kCols / 2], const float2 (&lse2)[(kCols + 63) / 64], int q0,
-                                               int key0, int S, float sl2, bool need_mask, int t) {
+  __device__ __forceinline__ static void probs(float (&s)[kCols / 2], const float2& lse2, int q0, int key0, int S,
+                                               float sl2, bool need_mask, int t) {
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float l = col_value(lse2[j / 8], j % 8, t, e);
+        const float l = col_value(lse2, j, t, e);
         const int q = q0 + 8 * j + 2 * t + e;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -182,12 +168,12 @@ struct BwdMainloop {
   // dS^T = P^T (dP^T - D) in place of dP^T.
   template <int kCols>
   __device__ __forceinline__ static void dscores(float (&dp)[kCols / 2], const float (&p)[kCols / 2],
-                                                 const float2 (&dps2)[(kCols + 63) / 64], int t) {
+                                                 const float2& dps2, int t) {
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float d = col_value(dps2[j / 8], j % 8, t, e);
+        const float d = col_value(dps2, j, t, e);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int i = 4 * j + 2 * h + e;
@@ -203,6 +189,7 @@ struct BwdMainloop {
   __device__ static void consume(float (&dk)[kAccRegs], float (&dv)[kAccRegs], const CUtensorMap* tm_dq,
                                  const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args, int wg,
                                  int tid) {
+    static_assert(kBlockM == 64, "one lane pair per two query columns");
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int key_wg0 = tile.n_block * kBlockN + wg * 64;  // first key of this warpgroup
     const int key0 = key_wg0 + warp * 16 + g;               // this thread's h = 0 key row
@@ -213,7 +200,7 @@ struct BwdMainloop {
 
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
-    float s[kSRegs], dp[kSRegs], dq[kMChunks][kDqRegs];
+    float s[kSRegs], dp[kSRegs], dq[kDqRegs];
     uint32_t p[kPRegs], ds[kPRegs];
 
     hptx::mbar_wait(sm.bar_kv(), 0);
@@ -227,10 +214,8 @@ struct BwdMainloop {
         const int q_base = m * kBlockM;
         // lse (log2 domain; +inf for rows past T or with no key: P = 0) and D for
         // columns 2 lane, 2 lane + 1 of this block.
-        float2 lse2[kMChunks], dps2[kMChunks];
-#pragma unroll
-        for (int c = 0; c < kMChunks; ++c)
-          load_row_stats(lse_bh, dps_bh, q_base + 64 * c, T, args.num_heads, lane, lse2[c], dps2[c]);
+        float2 lse2, dps2;
+        load_row_stats(lse_bh, dps_bh, q_base, T, args.num_heads, lane, lse2, dps2);
 
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
@@ -247,8 +232,6 @@ struct BwdMainloop {
         probs<kCausal, kBlockM>(s, lse2, q_base, key0, S, sl2, need_mask, t);
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
-        // kPtSmem: P^T goes to smem now (its registers die here; dV reads it after the barrier).
-        if constexpr (Tr::kPtSmem) store_packed_sw128<kBlockM>(p, sm.pt(0) + wg * 64 * 128, kBlockN * 128, warp * 16 + g, t);
 
         // dS^T once dP^T is in.
         hptx::wgmma_wait<0>();
@@ -257,38 +240,30 @@ struct BwdMainloop {
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
 
-        // dV += P^T dO now (from registers); dS^T to smem for dQ.
-        if constexpr (!Tr::kPtSmem) {
-          hptx::wgmma_fence();
-          issue_acc_rs(dv, p, do_tile);
-          hptx::wgmma_commit();
-        }
-        store_packed_sw128<kBlockM>(ds, sm.ds(ds_buf) + wg * 64 * 128, kBlockN * 128, warp * 16 + g, t);
+        // dV += P^T dO now; dS^T to smem for dQ.
+        hptx::wgmma_fence();
+        issue_acc_rs(dv, p, do_tile);
+        hptx::wgmma_commit();
+        store_packed_sw128<kBlockM>(ds, sm.ds(ds_buf) + wg * 64 * 128, 0, warp * 16 + g, t);
         hptx::fence_proxy_async_smem();
         // dS^T rows in smem: both warpgroups' (split head dim) or this one's (split keys).
         if constexpr (Tr::kSplitKeys) hptx::named_bar_sync(2 + wg, 128);
         else hptx::named_bar_sync(1, 256);
 
         hptx::wgmma_fence();
-        if constexpr (Tr::kPtSmem) issue_acc_ss(dv, sm.pt(0) + wg * 64 * 128, do_tile);
-#pragma unroll
-        for (int c = 0; c < kMChunks; ++c) issue_dq(dq[c], sm.ds(ds_buf), sm.k(), wg, c);
+        issue_dq(dq, sm.ds(ds_buf), sm.k(), wg);
         hptx::wgmma_commit();
-        if constexpr (Tr::kPtSmem) issue_acc_ss(dk, sm.ds(ds_buf) + wg * 64 * 128, q_tile);
-        else issue_acc_rs(dk, ds, q_tile);
+        issue_acc_rs(dk, ds, q_tile);
         hptx::wgmma_commit();
 
         // dQ: staged once its wgmma (and dV's) are done, while dK's runs.
         hptx::wgmma_wait<1>();
-#pragma unroll
-        for (int c = 0; c < kMChunks; ++c) hptx::reg_fence_array(dq[c]);
-        if constexpr (!Tr::kPtSmem) hptx::reg_fence_array(p);  // keeps dV's A operand live until here
+        hptx::reg_fence_array(dq);
+        hptx::reg_fence_array(p);  // keeps P^T's registers (dV's A operand) live until here
         const uint32_t dq_stage = sm.dq(wg);
         if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
         hptx::named_bar_sync(2 + wg, 128);
-#pragma unroll
-        for (int c = 0; c < kMChunks; ++c)
-          store_acc_f32_sw128<Tr::kDqCols>(dq[c], dq_stage + c * 64 * 128, kBlockM * 128, warp * 16 + g, t);
+        store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
         if (tid == 0) {
@@ -316,7 +291,7 @@ struct BwdMainloop {
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
-        if constexpr (!Tr::kPtSmem) hptx::reg_fence_array(ds);  // dK's A operand
+        hptx::reg_fence_array(ds);  // dK's A operand
         release(sm.bar_q_empty(pipe.stage), lane);
         pipe.advance();
         ds_buf ^= 1;

@@ -107,8 +107,8 @@ struct BwdMainloopWide {
       const float* dps_bh = args.dpsum + ((int64_t)tile.batch * args.num_heads + head) * T;
       for (int m = tile.m_begin; m < tile.m_end; ++m) {
         const int q_base = m * kBlockM, q0 = q_base + wg * kQCols;
-        float2 lse2[1], dps2[1];
-        Base::load_row_stats(lse_bh, dps_bh, q0, T, args.num_heads, lane, lse2[0], dps2[0]);
+        float2 lse2, dps2;
+        Base::load_row_stats(lse_bh, dps_bh, q0, T, args.num_heads, lane, lse2, dps2);
 
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);

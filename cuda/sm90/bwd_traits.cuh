@@ -38,22 +38,19 @@ namespace jaxattn::sm90 {
 //   V   [kChunks][kBlockN][64]          (reused for dV in the epilogue)
 //   Q   [kStages][kChunks][kBlockM][64]
 //   dO  [kStages][kChunks][kBlockM][64]
-//   dS^T [2][kBlockM/64 chunks][kBlockN][64]   (double-buffered)
-//   P^T  [kPtBufs][kBlockM/64 chunks][kBlockN][64]  (wide and kBlockM = 128 only)
+//   dS^T [2][kBlockN][kBlockM]           (double-buffered: kBlockM = 64 = one chunk)
+//   P^T  [2][kBlockN][kBlockM]           (wide only)
 //   dQ staging [2 warpgroups][kDqCols/32 chunks][kBlockM][32 floats] (not wide)
 //   mbarriers: kv_full, q_full[s], q_empty[s]
 // kSplitKeys: how the two warpgroups share dQ = dS K. false: each computes half of the
 // head dim over all 128 keys (needs the other's dS^T half: a barrier of both
 // warpgroups every step); true: each computes all of the head dim over its own 64 keys
 // and both add into dq_accum (no shared barrier; dQ registers = H / 2, so head dim 64).
-// kBlockM: query rows per step, 64, or 128 at head dim 64 (twice the wgmma work per
-// step for the same per-step synchronisation; dQ then takes two m64 wgmmas).
-template <int kHeadDim_, typename Elem_, bool kSplitKeys_ = false, int kBlockM_ = 64>
+template <int kHeadDim_, typename Elem_, bool kSplitKeys_ = false>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSplitKeys = kSplitKeys_;
-  static_assert(kBlockM_ == 64 || (kBlockM_ == 128 && kHeadDim == 64 && !kSplitKeys_), "query rows per step");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
   static_assert(!kSplitKeys || kHeadDim == 64, "split-keys dQ fits the registers at head dim 64");
 
@@ -61,8 +58,7 @@ struct BwdTraits {
   static constexpr bool kWide = kHeadDim == 256;
   static constexpr int kConsumerWarpgroups = 2;  // each owns 64 keys (wide: half the head dim)
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
-  static constexpr int kBlockM = kBlockM_;  // query rows per step
-  static constexpr int kMChunks = kBlockM / 64;  // 64-query chunks of a step (dS^T chunks, dQ wgmmas)
+  static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kProducerRegs = 24;
@@ -85,12 +81,8 @@ struct BwdTraits {
   static constexpr int kOffQ = kOffV + kKVBytes;
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
-  // P^T through shared memory (A operand of dV from smem): wide (double-buffered) and
-  // kBlockM = 128 (one buffer: each warpgroup reads only its own rows).
-  static constexpr bool kPtSmem = kWide || kMChunks > 1;
-  static constexpr int kPtBufs = kWide ? 2 : kPtSmem ? 1 : 0;
-  static constexpr int kOffPt = kOffDs + 2 * kDsBytes;  // P^T [kPtBufs][kBlockN][kBlockM]
-  static constexpr int kOffDq = kOffPt + kPtBufs * kDsBytes;
+  static constexpr int kOffPt = kOffDs + 2 * kDsBytes;  // wide: P^T [2][kBlockN][kBlockM]
+  static constexpr int kOffDq = kOffPt + (kWide ? 2 * kDsBytes : 0);
   static constexpr int kOffBar = kOffDq + kConsumerWarpgroups * kDqWgBytes;
   static constexpr int kNumBars = 1 + 2 * kStages;
   // Arrivals that free a Q / dO stage: one per consumer warp; wide: one per
@@ -99,7 +91,7 @@ struct BwdTraits {
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqWgBytes % 1024 == 0, "1024-aligned tiles");
-  static_assert(!kWide || kBlockM == 64, "wide: a dS^T / P^T tile is one 64-column chunk");
+  static_assert(kBlockM == 64, "a dS^T / P^T tile is one 64-column chunk");
 };
 
 // Device-side arguments other than the tensor maps.
