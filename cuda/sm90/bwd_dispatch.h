@@ -12,9 +12,8 @@ namespace jaxattn::sm90 {
 // How the two consumer warpgroups share dQ = dS K (BwdTraits::kSplitKeys):
 // kSplitHeadDim everywhere; kSplitKeys at head dim 64 (elsewhere the same as
 // kSplitHeadDim). kDefault: the measured best (see default_bwd_variant).
-// kPipelined: next step's S^T / dP^T overlapped with this step's P / dS (head dim 64).
-enum class BwdVariant : int { kSplitHeadDim = 0, kSplitKeys = 1, kPipelined = 2, kDefault = 3 };
-constexpr int kNumBwdVariants = 3;  // the explicit ones
+enum class BwdVariant : int { kSplitHeadDim = 0, kSplitKeys = 1, kDefault = 2 };
+constexpr int kNumBwdVariants = 2;  // the explicit ones
 
 // Enqueues preprocess, the main kernel and the dQ conversion; `p` already validated.
 template <int kHeadDim, typename Elem>

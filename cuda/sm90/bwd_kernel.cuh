@@ -13,7 +13,6 @@
 #include "common/ptx.h"
 #include "sm90/bwd_epilogue.cuh"
 #include "sm90/bwd_mainloop.cuh"
-#include "sm90/bwd_mainloop_pipelined.cuh"
 #include "sm90/bwd_mainloop_wide.cuh"
 #include "sm90/bwd_traits.cuh"
 
@@ -79,8 +78,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     float dk[Tr::kAccRegs], dv[Tr::kAccRegs];
     if constexpr (Tr::kWide)
       BwdMainloopWide<Tr>::template consume<kCausal>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid);
-    else if constexpr (Tr::kPipelined)
-      BwdMainloopPipelined<Tr>::template consume<kCausal>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid);
     else
       BwdMainloop<Tr>::template consume<kCausal>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid);
     BwdEpilogue<Tr>::store(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);

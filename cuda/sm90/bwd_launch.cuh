@@ -79,7 +79,6 @@ cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant 
   if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim);
   if constexpr (kHeadDim == 64) {
     if (variant == BwdVariant::kSplitKeys) return launch_bwd<BwdTraits<kHeadDim, Elem, true>>(p, stream);
-    if (variant == BwdVariant::kPipelined) return launch_bwd<BwdTraits<kHeadDim, Elem, false, true>>(p, stream);
   }
   return launch_bwd<BwdTraits<kHeadDim, Elem, false>>(p, stream);
 }

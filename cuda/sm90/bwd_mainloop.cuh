@@ -99,17 +99,6 @@ struct BwdMainloop {
     }
   }
 
-  // acc(64 keys x H) += A B: A = 64 rows of a [kBlockN][kBlockM] tile in smem (P^T or
-  // dS^T, K-major), B = the dO or Q tile (MN-major).
-  __device__ __forceinline__ static void issue_acc_ss(float (&acc)[kAccRegs], uint32_t a_rows, uint32_t b_tile) {
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const uint64_t da = hptx::make_desc_sw128(a_rows + kk * 32, 16, 1024);
-      const uint64_t db = hptx::make_desc_sw128(b_tile + kk * 16 * 128, kBlockM * 128, 1024);
-      hptx::wgmma_ss_t<Elem, kHeadDim, 0, 1>(acc, da, db, 1);
-    }
-  }
-
   // This warpgroup's dQ tile (kBlockM x kDqCols). A = dS^T [keys][kBlockM] in smem
   // (MN-major), B = K (MN-major). Split head dim: all 128 keys, columns from
   // 64 wg * ... (wg * kDqCols); split keys: this warpgroup's 64 keys, every column.
@@ -194,43 +183,6 @@ struct BwdMainloop {
     }
   }
 
-  // dQ of one step (this warpgroup's tile, in registers) staged in smem and added to
-  // dq_accum by one thread with a TMA reduce-add (after the previous one has read
-  // the staging tile). Deterministic mode: key block n adds after blocks 0 .. n-1
-  // (two warpgroup adds each; with split keys both add to the same columns,
-  // warpgroup 0 first) and waits for its own add to land before counting it.
-  __device__ __forceinline__ static void reduce_dq(const float (&dq)[kDqRegs], const CUtensorMap* tm_dq,
-                                                   const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args,
-                                                   int head, int q_base, int wg, int tid) {
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const uint32_t dq_stage = sm.dq(wg);
-    if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
-    hptx::named_bar_sync(2 + wg, 128);
-    store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
-    hptx::fence_proxy_async_smem();
-    hptx::named_bar_sync(2 + wg, 128);
-    if (tid == 0) {
-      const int T = args.seqlen_q;
-      const int sem_blocks = (T + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
-      int32_t* sem = args.dq_semaphore
-                         ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
-                               q_base / kDqSemaphoreRows
-                         : nullptr;
-      if (sem) {
-        ptx::wait_counter_geq(sem, 2 * tile.n_block + (Tr::kSplitKeys ? wg : 0));
-        hptx::fence_proxy_async_global();
-      }
-      hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, Tr::kSplitKeys ? 0 : wg * Tr::kDqChunks, head, tile.batch);
-      hptx::bulk_commit();
-      if (sem) {
-        hptx::bulk_wait0();
-        hptx::fence_proxy_async_global();
-        ptx::release_counter_inc(sem);
-      }
-    }
-    (void)lane;
-  }
-
   // ---- consumer: every step of a tile -------------------------------------------
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
   template <bool kCausal>
@@ -244,6 +196,7 @@ struct BwdMainloop {
     const uint32_t k_rows = sm.k() + wg * 64 * 128, v_rows = sm.v() + wg * 64 * 128;
     const float sl2 = args.scale_log2;
     const int T = args.seqlen_q, S = args.seqlen_k;
+    const int sem_blocks = (T + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
 
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
@@ -307,7 +260,33 @@ struct BwdMainloop {
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(dq);
         hptx::reg_fence_array(p);  // keeps P^T's registers (dV's A operand) live until here
-        reduce_dq(dq, tm_dq, sm, tile, args, head, q_base, wg, tid);
+        const uint32_t dq_stage = sm.dq(wg);
+        if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
+        hptx::named_bar_sync(2 + wg, 128);
+        store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+        hptx::fence_proxy_async_smem();
+        hptx::named_bar_sync(2 + wg, 128);
+        if (tid == 0) {
+          // Deterministic mode: key block n adds after blocks 0 .. n-1 (two warpgroup
+          // adds each; with split keys both add to the same columns, warpgroup 0
+          // first) and waits for its own add to land before counting it.
+          int32_t* sem = args.dq_semaphore
+                             ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
+                                   q_base / kDqSemaphoreRows
+                             : nullptr;
+          if (sem) {
+            ptx::wait_counter_geq(sem, 2 * tile.n_block + (Tr::kSplitKeys ? wg : 0));
+            hptx::fence_proxy_async_global();
+          }
+          hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, Tr::kSplitKeys ? 0 : wg * Tr::kDqChunks, head,
+                                  tile.batch);
+          hptx::bulk_commit();
+          if (sem) {
+            hptx::bulk_wait0();
+            hptx::fence_proxy_async_global();
+            ptx::release_counter_inc(sem);
+          }
+        }
 
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dk);

@@ -39,22 +39,18 @@ namespace jaxattn::sm90 {
 //   Q   [kStages][kChunks][kBlockM][64]
 //   dO  [kStages][kChunks][kBlockM][64]
 //   dS^T [2][kBlockN][kBlockM]           (double-buffered: kBlockM = 64 = one chunk)
-//   P^T  [kPtBufs][kBlockN][kBlockM]     (wide, pipelined)
+//   P^T  [2][kBlockN][kBlockM]           (wide only)
 //   dQ staging [2 warpgroups][kDqCols/32 chunks][kBlockM][32 floats] (not wide)
 //   mbarriers: kv_full, q_full[s], q_empty[s]
 // kSplitKeys: how the two warpgroups share dQ = dS K. false: each computes half of the
 // head dim over all 128 keys (needs the other's dS^T half: a barrier of both
 // warpgroups every step); true: each computes all of the head dim over its own 64 keys
 // and both add into dq_accum (no shared barrier; dQ registers = H / 2, so head dim 64).
-// kPipelined (head dim 64; bwd_mainloop_pipelined.cuh): the S^T / dP^T wgmmas of
-// the next step run while this step's P / dS are computed (two register sets).
-template <int kHeadDim_, typename Elem_, bool kSplitKeys_ = false, bool kPipelined_ = false>
+template <int kHeadDim_, typename Elem_, bool kSplitKeys_ = false>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSplitKeys = kSplitKeys_;
-  static constexpr bool kPipelined = kPipelined_;
-  static_assert(!kPipelined || (kHeadDim == 64 && !kSplitKeys), "two S^T / dP^T register sets fit at head dim 64");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
   static_assert(!kSplitKeys || kHeadDim == 64, "split-keys dQ fits the registers at head dim 64");
 
@@ -63,7 +59,7 @@ struct BwdTraits {
   static constexpr int kConsumerWarpgroups = 2;  // each owns 64 keys (wide: half the head dim)
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
-  static constexpr int kStages = kPipelined ? 3 : 2;  // pipelined: step k+1 loads while k-1 finishes
+  static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
@@ -85,11 +81,8 @@ struct BwdTraits {
   static constexpr int kOffQ = kOffV + kKVBytes;
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
-  // P^T through shared memory (dV's A operand read by an SS wgmma): wide
-  // (double-buffered) and pipelined (one buffer: a warpgroup reads only its rows).
-  static constexpr int kPtBufs = kWide ? 2 : kPipelined ? 1 : 0;
-  static constexpr int kOffPt = kOffDs + 2 * kDsBytes;  // P^T [kPtBufs][kBlockN][kBlockM]
-  static constexpr int kOffDq = kOffPt + kPtBufs * kDsBytes;
+  static constexpr int kOffPt = kOffDs + 2 * kDsBytes;  // wide: P^T [2][kBlockN][kBlockM]
+  static constexpr int kOffDq = kOffPt + (kWide ? 2 * kDsBytes : 0);
   static constexpr int kOffBar = kOffDq + kConsumerWarpgroups * kDqWgBytes;
   static constexpr int kNumBars = 1 + 2 * kStages;
   // Arrivals that free a Q / dO stage: one per consumer warp; wide: one per
