@@ -140,6 +140,22 @@ struct BwdMainloop {
     dps2.y = qb < T ? dps_bh[qb] : 0.f;
   }
 
+  // load_row_stats for step (query head hg of the group, query block m) of a tile.
+  __device__ __forceinline__ static void load_step_stats(const BwdArgs& args, const BwdTile& tile, int hg, int m,
+                                                         int lane, float2& lse2, float2& dps2, int q_off = 0) {
+    const int head = tile.kv_head * args.group + hg, T = args.seqlen_q;
+    load_row_stats(args.lse + (int64_t)tile.batch * T * args.num_heads + head,
+                   args.dpsum + ((int64_t)tile.batch * args.num_heads + head) * T, m * kBlockM + q_off, T,
+                   args.num_heads, lane, lse2, dps2);
+  }
+
+  // The stats of the step after (hg, m), if there is one.
+  __device__ __forceinline__ static void prefetch_next_stats(const BwdArgs& args, const BwdTile& tile, int hg, int m,
+                                                             int lane, float2& lse2, float2& dps2, int q_off = 0) {
+    if (++m == tile.m_end) m = tile.m_begin, ++hg;
+    if (hg < args.group) load_step_stats(args, tile, hg, m, lane, lse2, dps2, q_off);
+  }
+
   // P^T = exp2(S^T scale log2e - lse) in place, for an accumulator of 64 keys (this
   // thread's rows key0, key0 + 8) x kCols query columns from q0; keys >= S and
   // (causal) keys > query are zeroed when need_mask.
@@ -203,19 +219,20 @@ struct BwdMainloop {
     float s[kSRegs], dp[kSRegs], dq[kDqRegs];
     uint32_t p[kPRegs], ds[kPRegs];
 
+    // lse (log2 domain; +inf for rows past T or with no key: P = 0) and D for
+    // columns 2 lane, 2 lane + 1 of a step, loaded one step ahead (their latency
+    // was the kernel's top stall).
+    float2 lse_next, dps_next;
+    if (tile.m_begin < tile.m_end) load_step_stats(args, tile, 0, tile.m_begin, lane, lse_next, dps_next);
+
     hptx::mbar_wait(sm.bar_kv(), 0);
     Pipe pipe;
     int ds_buf = 0;
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
-      const float* lse_bh = args.lse + (int64_t)tile.batch * T * args.num_heads + head;  // stride N
-      const float* dps_bh = args.dpsum + ((int64_t)tile.batch * args.num_heads + head) * T;
       for (int m = tile.m_begin; m < tile.m_end; ++m) {
         const int q_base = m * kBlockM;
-        // lse (log2 domain; +inf for rows past T or with no key: P = 0) and D for
-        // columns 2 lane, 2 lane + 1 of this block.
-        float2 lse2, dps2;
-        load_row_stats(lse_bh, dps_bh, q_base, T, args.num_heads, lane, lse2, dps2);
+        const float2 lse2 = lse_next, dps2 = dps_next;
 
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
@@ -224,6 +241,7 @@ struct BwdMainloop {
         hptx::wgmma_commit();
         issue_abT(dp, v_rows, kBlockN * 128, do_tile);
         hptx::wgmma_commit();
+        prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next);
 
         // P^T once S^T is in.
         hptx::wgmma_wait<1>();

@@ -97,18 +97,20 @@ struct BwdMainloopWide {
     float s[kSRegs], dp[kSRegs], dq[kAccRegs];
     uint32_t pk[kSRegs / 2];
 
+    // lse / D of this warpgroup's query columns, loaded one step ahead.
+    float2 lse_next, dps_next;
+    if (tile.m_begin < tile.m_end)
+      Base::load_step_stats(args, tile, 0, tile.m_begin, lane, lse_next, dps_next, wg * kQCols);
+
     hptx::mbar_wait(sm.bar_kv(), 0);
     Pipe pipe;
     int buf = 0;
     int pending_stage = -1;  // stage whose dQ reduce-add may still be reading it (thread 0)
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
-      const float* lse_bh = args.lse + (int64_t)tile.batch * T * args.num_heads + head;  // stride N
-      const float* dps_bh = args.dpsum + ((int64_t)tile.batch * args.num_heads + head) * T;
       for (int m = tile.m_begin; m < tile.m_end; ++m) {
         const int q_base = m * kBlockM, q0 = q_base + wg * kQCols;
-        float2 lse2, dps2;
-        Base::load_row_stats(lse_bh, dps_bh, q0, T, args.num_heads, lane, lse2, dps2);
+        const float2 lse2 = lse_next, dps2 = dps_next;
 
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
@@ -117,6 +119,7 @@ struct BwdMainloopWide {
         hptx::wgmma_commit();
         issue_abT(dp, sm.v(), do_tile, wg);
         hptx::wgmma_commit();
+        Base::prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next, wg * kQCols);
 
         // The previous step's reduce-add has read its staging: that stage is free.
         if (tid == 0 && pending_stage >= 0) {

@@ -13,7 +13,7 @@
 // conversion), median of 10 timed calls after warm-up; TFLOP/s = 2.5 * 4 B N T S H
 // (halved when causal).
 //
-// Usage: sm90_bwd_check [--quick] [--no-bench] [--no-check] [--log FILE]
+// Usage: sm90_bwd_check [--quick] [--no-bench] [--no-check] [--log FILE] [--bench-one H T causal]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "check_util.h"
@@ -352,6 +353,14 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
     else if (!std::strcmp(argv[i], "--no-check")) do_check = false;
     else if (!std::strcmp(argv[i], "--log") && i + 1 < argc) g_log = std::fopen(argv[++i], "w");
+    else if (!std::strcmp(argv[i], "--bench-one") && i + 3 < argc) {
+      // One benchmark row (e.g. under a profiler): --bench-one H T causal(0/1).
+      const int H = std::atoi(argv[i + 1]), T = std::atoi(argv[i + 2]);
+      const bool causal = std::atoi(argv[i + 3]) != 0;
+      const BenchRow r = bench(T, H, causal);
+      std::printf("H %d T %d causal %d: sm80 %.0f, sm90 default %.0f TFLOP/s\n", H, T, causal, r.tf[0], r.tf[kNV + 1]);
+      return 0;
+    }
   }
   int failed = 0, total = 0;
   if (do_check) {
