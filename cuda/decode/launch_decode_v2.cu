@@ -38,10 +38,11 @@ int resident_ctas(cudaError_t* err) {
   return n;
 }
 
-// The split count: about two waves of CTAs over the resident slots (SMs x
-// CTAs per SM), picking among [s0, 2 s0] the count whose last wave is the
-// fullest; chunks of kMinChunk..kMaxChunk keys, at most the workspace's
-// splits. A forced chunk overrides.
+// The split count: at least ~2 waves of CTAs over the resident slots (SMs x
+// CTAs per SM): s0 = the fewest splits giving >= 1.9 waves, then among
+// [s0, 2 s0] the count whose last wave is the fullest (the fewest on a tie:
+// one split needs no combine kernel); chunks of kMinChunk..kMaxChunk keys,
+// at most the workspace's splits. A forced chunk overrides.
 DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk) {
   DecodePlan plan{};
   plan.rows = p.seqlen_q * (p.num_heads / p.num_heads_k);
@@ -59,7 +60,7 @@ DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk) {
   int hi = std::min(std::max(p.num_splits, 1), ceil_div(span, decode::kMinChunk));
   if (p.split_o == nullptr || p.split_lse == nullptr) hi = 1;
   hi = std::max(hi, lo);
-  const int s0 = std::min(std::max(ceil_div(2 * int64_t(slots), pairs), lo), hi);
+  const int s0 = std::min(std::max(ceil_div(19 * int64_t(slots), 10 * pairs), lo), hi);
   double best_eff = -1.0;
   for (int s = s0; s <= std::min(hi, 2 * s0); ++s) {
     DecodePlan cand = plan;
