@@ -17,9 +17,11 @@ namespace {
 constexpr int kMaxDevices = 64;
 constexpr int kRowsPerCta = decode::MmaLayout<64>::kRows;
 
-// CTAs of decode_mma_kernel<H, kBf16> resident per SM on the current device;
-// the first call per device also raises the kernel's dynamic shared-memory
-// limit there. No synchronisation (attribute and occupancy queries only).
+// CTAs of decode_mma_kernel<H, kBf16> resident per SM on the current device,
+// or -1 when a CTA's shared memory does not fit there (GPUs with less than
+// ~110 KB per block: version 1 runs instead); the first call per device also
+// raises the kernel's dynamic shared-memory limit there. No synchronisation
+// (attribute and occupancy queries only).
 template <int H, bool kBf16>
 int resident_ctas(cudaError_t* err) {
   static std::atomic<int> cache[kMaxDevices];  // 0 = not set up yet
@@ -27,8 +29,14 @@ int resident_ctas(cudaError_t* err) {
   if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
   const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
   int n = cache[slot].load(std::memory_order_acquire);
-  if (n > 0) return n;
+  if (n != 0) return n;
   using L = decode::MmaLayout<H>;
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+      optin < L::kSmemBytes) {
+    cache[slot].store(-1, std::memory_order_release);
+    return -1;
+  }
   auto kernel = decode::decode_mma_kernel<H, kBf16>;
   *err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes);
   if (*err != cudaSuccess) return 0;
@@ -82,6 +90,7 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk) 
   cudaError_t err = cudaSuccess;
   const int per_sm = resident_ctas<H, kBf16>(&err);
   if (err != cudaSuccess) return {err, "decode_mma_kernel (shared-memory attribute)"};
+  if (per_sm < 0) return decode_fwd_v1(p, stream, forced_chunk);  // too little shared memory here
   const DecodePlan plan = plan_v2(p, decode::device_sms() * per_sm, forced_chunk);
   if (plan.splits > std::max(p.num_splits, 1) || (plan.splits > 1 && p.split_o == nullptr))
     return {cudaErrorInvalidValue, "decode_fwd (workspace too small for the row capacity)"};
