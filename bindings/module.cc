@@ -88,9 +88,11 @@ NB_MODULE(_jaxattn, m) {
     return "sm80";
   });
 #ifdef JAXATTN_WITH_CUDA
-  // Splits the CUDA decode kernel's workspace must hold for a row capacity
-  // (jaxattn/decode.py sizes the workspace outputs with it).
-  m.def("cuda_decode_max_splits", [](int capacity) { return jaxattn::cuda::decode_max_splits(capacity); });
+  // Splits the CUDA decode kernels' workspace must hold for a row capacity and
+  // a forced chunk (0 = none) (jaxattn/decode.py sizes the workspace outputs with it).
+  m.def("cuda_decode_max_splits",
+        [](int capacity, int forced_chunk) { return jaxattn::cuda::decode_max_splits(capacity, forced_chunk); });
+  m.attr("cuda_decode_max_forced_chunk") = jaxattn::cuda::kDecodeMaxForcedChunk;
   m.attr("built_with_cuda") = true;
 #else
   m.attr("built_with_cuda") = false;

@@ -8,16 +8,23 @@ into either cache layout (in place under ``jax.jit`` with donated caches).
 
 Which implementation runs (``implementation=None``), decided when XLA lowers
 the call: the C++ kernel on CPU (``"cpu"``); on CUDA GPUs the CUDA split-KV
-kernel (cuda/decode/; bf16/f16, H 64/128/256; validated on the H200, 1.3-1.7x
-the XLA path there but still well below cuDNN, docs/perf.md) where it covers
-the call; the pure-JAX gather-then-attend implementation everywhere else
-(``"xla"``, jaxattn/decode_reference.py). ``decode_kernel_for`` names the choice.
+kernel (cuda/decode/; bf16/f16, H 64/128/256) where it covers the call; the
+pure-JAX gather-then-attend implementation everywhere else (``"xla"``,
+jaxattn/decode_reference.py). ``decode_kernel_for`` names the choice.
+
+The CUDA kernel comes in two versions: 1 (CUDA cores, register pipelining;
+validated on the H200, 1.3-1.7x the XLA path) and 2 (cp.async shared-memory
+ring + mma.sync tensor cores, built for read bandwidth). ``"cuda_v1"`` /
+``"cuda_v2"`` force one; ``"cuda"`` and the default use
+``CUDA_DEFAULT_VERSION``, which the environment variable
+``JAXATTN_CUDA_DECODE_VERSION`` (1 or 2) overrides when a call is traced.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +36,11 @@ from ._validation import SUPPORTED_DTYPES, MAX_HEAD_DIM, static_scale, static_so
 
 MAX_QUERIES = 16  # Tq
 MIN_PAGE_SIZE, MAX_PAGE_SIZE, PAGE_SIZE_MULTIPLE = 16, 256, 16
-IMPLEMENTATIONS = (None, "cpu", "xla", "cuda")
+IMPLEMENTATIONS = (None, "cpu", "xla", "cuda", "cuda_v1", "cuda_v2")
+# The CUDA kernel version "cuda" and the default run (1 until version 2 is
+# measured on the H200; JAXATTN_CUDA_DECODE_VERSION overrides at trace time).
+CUDA_DEFAULT_VERSION = 1
+CUDA_KERNEL_NAMES = {1: "cuda:decode", 2: "cuda:decode_v2"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,14 +159,36 @@ def cuda_unsupported_reason(spec: DecodeSpec) -> str | None:
     return None
 
 
+def _env_int(name: str, default: int, allowed) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value not in allowed:
+        raise ValueError(f"environment variable {name}={text!r} must be an integer in {allowed}")
+    return value
+
+
+def cuda_version(implementation=None) -> int:
+    """The CUDA decode kernel version a call with this `implementation` runs."""
+    if implementation == "cuda_v1":
+        return 1
+    if implementation == "cuda_v2":
+        return 2
+    return _env_int("JAXATTN_CUDA_DECODE_VERSION", CUDA_DEFAULT_VERSION, range(1, 3))
+
+
 def kernel_for_spec(spec: DecodeSpec, platform: str) -> str:
     """The implementation `implementation=None` uses on `platform`: 'cpu:decode' on CPUs,
-    'cuda:decode' on CUDA GPUs where the CUDA kernel covers the call (1.3-1.7x the XLA
-    path on the H200, docs/perf.md), else 'xla'."""
+    the CUDA kernel ('cuda:decode', or 'cuda:decode_v2' for version 2) on CUDA GPUs
+    where it covers the call, else 'xla'."""
     if platform == "cpu":
         return "cpu:decode"
     if platform in ("cuda", "gpu") and cuda_unsupported_reason(spec) is None:
-        return "cuda:decode"
+        return CUDA_KERNEL_NAMES[cuda_version()]
     return "xla"
 
 
@@ -175,16 +208,16 @@ def decode_kernel_for(query, key_cache, value_cache, *, kv_lengths, block_table=
         return "cpu:decode"
     if implementation == "xla":
         return "xla"
-    if implementation == "cuda":
-        return "cuda:decode"
+    if implementation in ("cuda", "cuda_v1", "cuda_v2"):
+        return CUDA_KERNEL_NAMES[cuda_version(implementation)]
     return kernel_for_spec(spec, platform or jax.default_backend())
 
 
 def _check_forced(spec: DecodeSpec, implementation) -> None:
-    if implementation == "cuda":
+    if implementation in ("cuda", "cuda_v1", "cuda_v2"):
         reason = cuda_unsupported_reason(spec)
         if reason is not None:
-            raise NotImplementedError(f"implementation='cuda' is unsupported here: {reason}")
+            raise NotImplementedError(f"implementation={implementation!r} is unsupported here: {reason}")
 
 
 # ---- the implementations ------------------------------------------------------------------
@@ -209,12 +242,23 @@ def _cpu_decode(q, k, v, kv_lengths, block_table, *, spec: DecodeSpec):
         q, k, v, kv_lengths, block_table, **_decode_attrs(spec))
 
 
-def _cuda_decode(q, k, v, kv_lengths, block_table, *, spec: DecodeSpec):
+def _cuda_debug_options() -> tuple[int, bool]:
+    """Test knobs of the CUDA decode kernels, read at trace time:
+    JAXATTN_CUDA_DECODE_CHUNK=n cuts every row into chunks of n keys (many
+    splits at small sizes; 0 = the launcher's plan), JAXATTN_CUDA_DECODE_POISON=1
+    fills the outputs and the split workspace with NaN before the kernels run."""
+    chunk = _env_int("JAXATTN_CUDA_DECODE_CHUNK", 0, range(0, _jaxattn.cuda_decode_max_forced_chunk + 1))
+    poison = _env_int("JAXATTN_CUDA_DECODE_POISON", 0, range(0, 2)) == 1
+    return chunk, poison
+
+
+def _cuda_decode(q, k, v, kv_lengths, block_table, *, spec: DecodeSpec, version: int):
     register_targets()
     B, T, N, H = q.shape
     K = spec.num_heads_k
     rows = T * (N // K)
-    splits = _jaxattn.cuda_decode_max_splits(spec.capacity)
+    chunk, poison = _cuda_debug_options()
+    splits = _jaxattn.cuda_decode_max_splits(spec.capacity, chunk)
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32),
@@ -222,7 +266,8 @@ def _cuda_decode(q, k, v, kv_lengths, block_table, *, spec: DecodeSpec):
         jax.ShapeDtypeStruct((B, K, splits, rows), jnp.float32),
     )
     out, lse, _, _ = jax.ffi.ffi_call("jaxattn_cuda_decode", out_types, vmap_method="sequential")(
-        q, k, v, kv_lengths, block_table, **_decode_attrs(spec))
+        q, k, v, kv_lengths, block_table, **_decode_attrs(spec), version=np.int32(version),
+        chunk=np.int32(chunk), poison=bool(poison))
     return out, lse
 
 
@@ -269,11 +314,12 @@ def decode_attention(query, key_cache, value_cache, *, kv_lengths, block_table=N
         ``c * tanh(logits / c)``.
       return_residual: also return the natural-log logsumexp, float32
         ``[B, Tq, N]``.
-      implementation: None (per platform: ``"cpu"`` on CPU, ``"xla"``
-        elsewhere), ``"cpu"``, ``"xla"`` (pure JAX: gathers the pages, then
-        attends) or ``"cuda"`` (the CUDA split-KV kernel, bfloat16/float16,
-        H in 64/128/256; experimental, NotImplementedError where it cannot
-        run).
+      implementation: None (per platform: ``"cpu"`` on CPU, the CUDA kernel
+        on CUDA GPUs where it covers the call, else ``"xla"``), ``"cpu"``,
+        ``"xla"`` (pure JAX: gathers the pages, then attends) or ``"cuda"``
+        (the CUDA split-KV kernel, bfloat16/float16, H in 64/128/256, version
+        ``CUDA_DEFAULT_VERSION``; ``"cuda_v1"`` / ``"cuda_v2"`` force a
+        version; NotImplementedError where it cannot run).
 
     Values known only at run time never make the kernels read out of bounds:
     ``kv_lengths`` are clamped to [0, capacity] (capacity = ``S_max`` or
@@ -295,12 +341,13 @@ def decode_attention(query, key_cache, value_cache, *, kv_lengths, block_table=N
     xla = functools.partial(_xla_decode, spec=spec)
     if implementation == "cpu":
         fn = cpu
-    elif implementation == "cuda":
-        fn = functools.partial(_cuda_decode, spec=spec)
+    elif implementation in ("cuda", "cuda_v1", "cuda_v2"):
+        fn = functools.partial(_cuda_decode, spec=spec, version=cuda_version(implementation))
     elif implementation == "xla":
         fn = xla
     else:
-        cuda = functools.partial(_cuda_decode, spec=spec) if cuda_unsupported_reason(spec) is None else xla
+        cuda = (functools.partial(_cuda_decode, spec=spec, version=cuda_version())
+                if cuda_unsupported_reason(spec) is None else xla)
 
         def fn(*args):
             return jax.lax.platform_dependent(*args, cpu=cpu, cuda=cuda, default=xla)

@@ -18,21 +18,31 @@ import pytest
 
 import jaxattn
 import reference64
+from jaxattn import decode as d
 from conftest import assert_close, device_for, gpu, plain_attention
 
-# The CUDA kernel is experimental (off the default path): these tests are
-# its validation on a GPU.
-CUDA = pytest.param("cuda", marks=[gpu, pytest.mark.gpu])
-IMPLS = ["cpu", "xla", CUDA]
+# Both versions of the CUDA kernel (1: CUDA cores; 2: cp.async ring + tensor
+# cores) run every GPU test.
+CUDA_V1 = pytest.param("cuda_v1", marks=[gpu, pytest.mark.gpu])
+CUDA_V2 = pytest.param("cuda_v2", marks=[gpu, pytest.mark.gpu])
+CUDA = [CUDA_V1, CUDA_V2]
+IMPLS = ["cpu", "xla", *CUDA]
+
+
+def _is_cuda(impl) -> bool:
+    return impl is not None and impl.startswith("cuda")
 
 
 @pytest.fixture(autouse=True)
-def _device_of_impl(request):
+def _device_of_impl(request, monkeypatch):
     """New arrays live where the implementation under test runs (the CPU
-    when a test names none)."""
+    when a test names none). The CUDA kernels' outputs and split workspace
+    start as NaN (JAXATTN_CUDA_DECODE_POISON), so an element they fail to
+    write shows."""
+    monkeypatch.setenv("JAXATTN_CUDA_DECODE_POISON", "1")
     callspec = getattr(request.node, "callspec", None)
     impl = callspec.params.get("impl", "cpu") if callspec else "cpu"
-    with jax.default_device(device_for(impl)):
+    with jax.default_device(device_for("cuda" if _is_cuda(impl) else impl)):
         yield
 
 
@@ -115,11 +125,11 @@ def reference_decode(q, k_cache, v_cache, lengths, table, *, scale, window_left=
 
 def _dt(impl):
     """float32, or bfloat16 for the half-only CUDA kernel."""
-    return jnp.bfloat16 if impl == "cuda" else jnp.float32
+    return jnp.bfloat16 if _is_cuda(impl) else jnp.float32
 
 
 def check(impl, q, k, v, lengths, table, dtype, **kw):
-    if impl == "cuda" and dtype == jnp.float32:  # the CUDA kernel is half-only
+    if _is_cuda(impl) and dtype == jnp.float32:  # the CUDA kernel is half-only
         q, k, v, dtype = q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), jnp.bfloat16
     H = q.shape[-1]
     scale = kw.pop("scale", 1.0 / np.sqrt(H))
@@ -182,13 +192,54 @@ def test_split_kv(monkeypatch, chunk, layout):
     check("cpu", *case, jnp.bfloat16)
 
 
-@pytest.mark.parametrize("impl", ["cpu", CUDA])
+@pytest.mark.parametrize("impl", ["cpu", *CUDA])
 @pytest.mark.parametrize("layout", [None, 64], ids=["contiguous", "page64"])
 @pytest.mark.parametrize("T", [1, 4])
 def test_long_context(impl, layout, T):
     """Rows long enough to be split (on a GPU: the combine kernel)."""
     case = make_case(2, T, 8, 2, 128, 4096, jnp.bfloat16, page_size=layout, seed=T, lengths=[4096, 1500])
     check(impl, *case, jnp.bfloat16)
+
+
+# The CUDA kernels over page sizes x head dims, each with a different query
+# group (rows G * Tq = 1, 2, 4, 8, 16, 32: one or two 16-row tiles in
+# version 2, CUDA-core rows in version 1), alternating dtypes, ragged lengths
+# 1..capacity on shuffled pages, some with a window / soft cap; "auto" takes
+# the launcher's split plan, "chunk80" forces chunks of 80 keys (many splits,
+# chunk ends inside a key tile).
+CUDA_LAYOUTS = [None, 16, 64, 256]
+CUDA_GROUPS = [(4, 4, 1), (8, 4, 1), (32, 8, 1), (8, 1, 1), (8, 2, 4), (8, 1, 4)]  # (N, K, Tq)
+
+
+@pytest.mark.parametrize("impl", CUDA)
+@pytest.mark.parametrize("chunk", ["auto", "chunk80"])
+@pytest.mark.parametrize("H", [64, 128, 256])
+@pytest.mark.parametrize("layout", CUDA_LAYOUTS, ids=["contiguous", "page16", "page64", "page256"])
+def test_cuda_kernels(monkeypatch, impl, chunk, H, layout):
+    i = CUDA_LAYOUTS.index(layout) * 3 + (64, 128, 256).index(H)
+    N, K, T = CUDA_GROUPS[i % len(CUDA_GROUPS)]
+    dtype = (jnp.bfloat16, jnp.float16)[i % 2]
+    if chunk != "auto":
+        monkeypatch.setenv("JAXATTN_CUDA_DECODE_CHUNK", chunk[len("chunk"):])
+    capacity = 3 * (layout or 96)
+    B = 4
+    lengths = np.random.default_rng(i).integers(1, capacity + 1, B)
+    lengths[:3] = [capacity, 1, T + 1]
+    case = make_case(B, T, N, K, H, capacity, dtype, page_size=layout, seed=100 + i, lengths=lengths)
+    extra = {}
+    if i % 4 == 3:
+        extra = dict(local_window_size=37, logits_soft_cap=5.0)
+    check(impl, *case, dtype, **extra)
+
+
+@pytest.mark.parametrize("impl", CUDA)
+def test_cuda_bad_forced_chunk(monkeypatch, impl):
+    """The chunk knob is checked at trace time."""
+    case = make_case(2, 1, 4, 2, 64, 64, jnp.bfloat16)
+    for bad in ("-1", "9000", "x"):
+        monkeypatch.setenv("JAXATTN_CUDA_DECODE_CHUNK", bad)
+        with pytest.raises(ValueError, match="JAXATTN_CUDA_DECODE_CHUNK"):
+            jaxattn.decode_attention(case[0], case[1], case[2], kv_lengths=case[3], implementation=impl)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -311,8 +362,6 @@ def test_not_differentiable():
 
 def test_ffi_handler_rejects_bad_buffers():
     """The C++ handler validates on its own (a caller bypassing the wrapper)."""
-    from jaxattn import decode as d
-
     a = _args(key_cache=jnp.ones((6, 8, 2, 64)), value_cache=jnp.ones((6, 8, 2, 64)))
     spec = d.DecodeSpec(batch=2, seqlen_q=1, num_heads=4, num_heads_k=2, head_dim=64, capacity=24,
                         page_size=8, dtype=jnp.dtype(jnp.float32), scale=1.0, window_left=None, softcap=None)
@@ -335,19 +384,40 @@ def test_dispatch_rule():
     half = {k: (x.astype(jnp.bfloat16) if k in ("query", "key_cache", "value_cache") else x) for k, x in a.items()}
     assert jaxattn.decode_kernel_for(**half, platform="rocm") == "xla"
     if jaxattn.built_with_cuda():
-        # 16-bit caches on CUDA GPUs run the CUDA kernel by default.
-        assert jaxattn.decode_kernel_for(**half, platform="cuda") == "cuda:decode"
-        assert jaxattn.decode_kernel_for(**half, platform="gpu") == "cuda:decode"
-        assert jaxattn.decode_kernel_for(**half, implementation="cuda") == "cuda:decode"
+        # 16-bit caches on CUDA GPUs run the CUDA kernel by default, in the default version.
+        default = d.CUDA_KERNEL_NAMES[d.cuda_version()]
+        assert jaxattn.decode_kernel_for(**half, platform="cuda") == default
+        assert jaxattn.decode_kernel_for(**half, platform="gpu") == default
+        assert jaxattn.decode_kernel_for(**half, implementation="cuda") == default
+        assert jaxattn.decode_kernel_for(**half, implementation="cuda_v1") == "cuda:decode"
+        assert jaxattn.decode_kernel_for(**half, implementation="cuda_v2") == "cuda:decode_v2"
         with pytest.raises(NotImplementedError, match="float32"):
             jaxattn.decode_kernel_for(**a, implementation="cuda")
         h32 = jnp.ones((6, 16, 2, 32), jnp.bfloat16)
         with pytest.raises(NotImplementedError, match="head dims"):
             jaxattn.decode_kernel_for(**_args(query=jnp.ones((2, 1, 4, 32), jnp.bfloat16), key_cache=h32,
-                                              value_cache=h32), implementation="cuda")
+                                              value_cache=h32), implementation="cuda_v2")
     else:
-        with pytest.raises(NotImplementedError, match="without CUDA"):
-            jaxattn.decode_attention(**half, implementation="cuda")
+        for impl in ("cuda", "cuda_v1", "cuda_v2"):
+            with pytest.raises(NotImplementedError, match="without CUDA"):
+                jaxattn.decode_attention(**half, implementation=impl)
+
+
+def test_cuda_version_choice(monkeypatch):
+    """Which CUDA kernel version a call runs: forced by the implementation name,
+    else CUDA_DEFAULT_VERSION, which JAXATTN_CUDA_DECODE_VERSION overrides; bad
+    values are a ValueError naming the variable."""
+    assert d.cuda_version("cuda_v1") == 1 and d.cuda_version("cuda_v2") == 2
+    monkeypatch.delenv("JAXATTN_CUDA_DECODE_VERSION", raising=False)
+    assert d.cuda_version() == d.cuda_version("cuda") == d.CUDA_DEFAULT_VERSION
+    for v in (1, 2):
+        monkeypatch.setenv("JAXATTN_CUDA_DECODE_VERSION", str(v))
+        assert d.cuda_version() == d.cuda_version("cuda") == v
+        assert d.cuda_version("cuda_v1") == 1
+    for bad in ("3", "0", "two"):
+        monkeypatch.setenv("JAXATTN_CUDA_DECODE_VERSION", bad)
+        with pytest.raises(ValueError, match="JAXATTN_CUDA_DECODE_VERSION"):
+            d.cuda_version()
 
 
 def test_default_runs_the_cpu_kernel_on_cpu():
@@ -365,7 +435,8 @@ def test_gpu_default_is_cuda_kernel():
     dev = jax.devices("gpu")[0]
     case = [None if x is None else jax.device_put(x, dev)
             for x in make_case(2, 4, 8, 2, 128, 256, jnp.bfloat16, page_size=64)]
-    assert jaxattn.decode_kernel_for(*case[:3], kv_lengths=case[3], block_table=case[4]) == "cuda:decode"
+    assert (jaxattn.decode_kernel_for(*case[:3], kv_lengths=case[3], block_table=case[4])
+            == d.CUDA_KERNEL_NAMES[d.cuda_version()])
     check(None, *case, jnp.bfloat16)
     case32 = [None if x is None else jax.device_put(x, dev)
               for x in make_case(2, 4, 8, 2, 128, 256, jnp.float32, page_size=64)]

@@ -19,27 +19,13 @@
 // TMA staging for deeper pipelines.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <stdint.h>
-
-#include "common/params.h"
+#include "decode/decode_common.cuh"
 
 namespace jaxattn::cuda::decode {
 
 constexpr int kThreads = 128;
-constexpr int kMaxChunk = 8192;  // keys per chunk: bounds the shared page list
-constexpr int kMaxChunkPages = kMaxChunk / 16 + 1;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.69314718055994531f;
 
-struct DecodePlan {
-  int splits;      // chunks per (row, KV head)
-  int chunk;       // keys per chunk, <= kMaxChunk
-  int row_blocks;  // blocks of RB query rows
-  int rows;        // Tq * G
-};
-
+// The 8 halves of a 16-byte load as floats.
 template <bool kBf16>
 __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -56,24 +42,6 @@ __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
       f[2 * i + 1] = x.y;
     }
   }
-}
-
-template <bool kBf16>
-__device__ __forceinline__ uint16_t to_half_bits(float x) {
-  if constexpr (kBf16) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-  } else {
-    return __half_as_ushort(__float2half_rn(x));
-  }
-}
-
-// The keys any query of row b may see: [lo, len).
-__device__ __forceinline__ void row_keys(const AttnParams& p, int b, int* lo, int* len) {
-  const int l = min(max(p.kv_lengths[b], 0), p.seqlen_k);
-  int first = 0;
-  if (p.window_left >= 0) first = max(0, l - p.seqlen_q - p.window_left);
-  *lo = min(first, l);
-  *len = l;
 }
 
 template <int H, int RB, int U, bool kBf16>
@@ -282,38 +250,6 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const __grid_con
       }
     }
     __syncthreads();  // red_* are reused by the next row
-  }
-}
-
-// One CTA per (query row of a KV head, KV head, batch row); thread h merges
-// element h of the plan.splits partial outputs.
-template <bool kBf16>
-__global__ void decode_combine_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan) {
-  const int row = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
-  const int G = p.num_heads / p.num_heads_k, K = p.num_heads_k, H = p.head_dim;
-  const int64_t slot0 = ((int64_t(b) * K + kh) * p.num_splits) * plan.rows + row;
-  float M = -INFINITY;
-  for (int s = 0; s < plan.splits; ++s) M = fmaxf(M, p.split_lse[slot0 + int64_t(s) * plan.rows]);
-  float L = 0.f;
-  if (M != -INFINITY) {
-    for (int s = 0; s < plan.splits; ++s) L += exp2f(p.split_lse[slot0 + int64_t(s) * plan.rows] - M);
-  }
-  const int i = row / G, n = kh * G + row % G;
-  for (int h = threadIdx.x; h < H; h += blockDim.x) {
-    float o = 0.f;
-    if (L > 0.f) {
-      for (int s = 0; s < plan.splits; ++s) {
-        const int64_t slot = slot0 + int64_t(s) * plan.rows;
-        const float w = exp2f(p.split_lse[slot] - M);
-        if (w > 0.f) o += w * p.split_o[slot * H + h];
-      }
-      o /= L;
-    }
-    static_cast<uint16_t*>(p.o)[b * p.o_batch_stride + i * p.o_row_stride + n * p.o_head_stride + h] =
-        to_half_bits<kBf16>(o);
-  }
-  if (threadIdx.x == 0) {
-    p.lse[(int64_t(b) * p.seqlen_q + i) * p.num_heads + n] = L > 0.f ? (M + log2f(L)) * kLn2 : -INFINITY;
   }
 }
 

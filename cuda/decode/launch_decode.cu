@@ -1,36 +1,52 @@
-// Host side of the CUDA decode kernels: the split plan and the launches.
+// Host side of the CUDA decode kernels: the version dispatch, the workspace
+// rule, the combine launch, and version 1's plan and launches.
 #include <algorithm>
+#include <atomic>
 
 #include "decode/decode_kernel.cuh"
 #include "decode/launch_decode.h"
 
 namespace jaxattn::cuda {
 
+using decode::ceil_div;
 using decode::DecodePlan;
 
-namespace {
+namespace decode {
 
-constexpr int kMinChunk = 256;  // keys per chunk, at least (below, the combine costs more than it gains)
-
-int num_sms() {
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 108;
+int device_sms() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];  // 0 = not asked yet
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
+  int sms = cache[slot].load(std::memory_order_relaxed);
+  if (sms <= 0) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 108;
+    cache[slot].store(sms, std::memory_order_relaxed);
+  }
   return sms;
 }
 
-int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+LaunchStatus launch_combine(const AttnParams& p, const DecodePlan& plan, cudaStream_t stream) {
+  const dim3 grid(plan.rows, p.num_heads_k, p.batch);
+  if (p.dtype == DType::kBF16) {
+    decode_combine_kernel<true><<<grid, p.head_dim, 0, stream>>>(p, plan);
+  } else {
+    decode_combine_kernel<false><<<grid, p.head_dim, 0, stream>>>(p, plan);
+  }
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {e, "decode_combine_kernel"};
+  return {};
+}
+
+}  // namespace decode
+
+namespace {
 
 template <int H, int RB, int U, bool kBf16>
 LaunchStatus launch(const AttnParams& p, const DecodePlan& plan, cudaStream_t stream) {
   const dim3 grid(plan.splits, p.num_heads_k, p.batch * plan.row_blocks);
   decode::decode_split_kernel<H, RB, U, kBf16><<<grid, decode::kThreads, 0, stream>>>(p, plan);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {e, "decode_split_kernel"};
-  if (plan.splits > 1) {
-    const dim3 cgrid(plan.rows, p.num_heads_k, p.batch);
-    decode::decode_combine_kernel<kBf16><<<cgrid, H, 0, stream>>>(p, plan);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {e, "decode_combine_kernel"};
-  }
   return {};
 }
 
@@ -64,37 +80,54 @@ const char* decode_unsupported_reason(const AttnParams& p) {
   return "";
 }
 
-int decode_max_splits(int capacity) {
+int decode_max_splits(int capacity, int forced_chunk) {
   // Enough chunks to fill the largest GPUs at batch 1, never a chunk above
-  // kMaxChunk.
-  const int by_size = ceil_div(std::max(capacity, 1), kMinChunk);
-  return std::max(std::min(by_size, 64), ceil_div(std::max(capacity, 1), decode::kMaxChunk));
+  // kMaxChunk; and a forced chunk's count.
+  capacity = std::max(capacity, 1);
+  const int by_size = ceil_div(capacity, decode::kMinChunk);
+  int splits = std::max(std::min(by_size, 64), ceil_div(capacity, decode::kMaxChunk));
+  if (forced_chunk > 0) splits = std::max(splits, ceil_div(capacity, forced_chunk));
+  return splits;
 }
 
-LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream) {
-  if (p.batch <= 0 || p.seqlen_q <= 0) return {};
-  if (decode_unsupported_reason(p)[0] != '\0') return {cudaErrorInvalidValue, "decode_fwd (unsupported call)"};
+LaunchStatus decode_fwd_v1(const AttnParams& p, cudaStream_t stream, int forced_chunk) {
   DecodePlan plan{};
   plan.rows = p.seqlen_q * (p.num_heads / p.num_heads_k);
   const int rb = plan.rows <= 4 ? 1 : ceil_div(plan.rows, 8);
-  // Keys one row may need at most.
-  int64_t span = p.seqlen_k;
-  if (p.window_left >= 0) span = std::min<int64_t>(span, int64_t(p.seqlen_q) + p.window_left);
-  span = std::max<int64_t>(span, 1);
+  const int64_t span = decode::key_span(p);
   // Two waves of CTAs over the SMs, chunks of at least kMinChunk keys, at
   // most the workspace's splits, at most kMaxChunk keys per chunk.
   const int64_t ctas = int64_t(p.batch) * p.num_heads_k * rb;
-  int splits = ceil_div(2 * int64_t(num_sms()), ctas);
-  splits = std::min(splits, ceil_div(span, kMinChunk));
+  int splits = ceil_div(2 * int64_t(decode::device_sms()), ctas);
+  splits = std::min(splits, ceil_div(span, decode::kMinChunk));
   splits = std::max(splits, ceil_div(span, decode::kMaxChunk));
   splits = std::max(1, std::min(splits, p.num_splits));
   if (p.split_o == nullptr || p.split_lse == nullptr) splits = 1;
-  plan.chunk = std::min<int64_t>(decode::kMaxChunk, ((ceil_div(span, splits) + 63) / 64) * 64);
-  plan.splits = ceil_div(span, plan.chunk);
+  decode::set_chunks(plan, span, splits);
+  if (forced_chunk > 0) {
+    plan.chunk = forced_chunk;
+    plan.splits = ceil_div(span, forced_chunk);
+  }
   if (plan.splits > std::max(p.num_splits, 1) || (plan.splits > 1 && p.split_o == nullptr))
     return {cudaErrorInvalidValue, "decode_fwd (workspace too small for the row capacity)"};
   plan.row_blocks = rb;
-  return p.dtype == DType::kBF16 ? launch_head_dim<true>(p, plan, stream) : launch_head_dim<false>(p, plan, stream);
+  plan.adaptive = false;
+  const LaunchStatus s =
+      p.dtype == DType::kBF16 ? launch_head_dim<true>(p, plan, stream) : launch_head_dim<false>(p, plan, stream);
+  if (!s.ok() || plan.splits == 1) return s;
+  return decode::launch_combine(p, plan, stream);
+}
+
+LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version, int forced_chunk) {
+  if (p.batch <= 0 || p.seqlen_q <= 0) return {};
+  if (decode_unsupported_reason(p)[0] != '\0') return {cudaErrorInvalidValue, "decode_fwd (unsupported call)"};
+  if (forced_chunk < 0 || forced_chunk > kDecodeMaxForcedChunk)
+    return {cudaErrorInvalidValue, "decode_fwd (forced chunk out of range)"};
+  switch (version) {
+    case 1: return decode_fwd_v1(p, stream, forced_chunk);
+    case 2: return decode_fwd_v2(p, stream, forced_chunk);
+    default: return {cudaErrorInvalidValue, "decode_fwd (unknown kernel version)"};
+  }
 }
 
 }  // namespace jaxattn::cuda

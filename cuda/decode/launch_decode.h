@@ -2,8 +2,10 @@
 // split-KV attention of Tq <= 16 queries per row over a contiguous or paged
 // KV cache, then a logsumexp combine.
 //
-// NOT on the dispatch path: it runs only for implementation="cuda" and has
-// not been validated on a GPU yet (tests/test_decode.py::*cuda* are the check).
+// Two versions, picked per call by the caller (jaxattn/decode.py reads the
+// choice at trace time; the handler never reads the environment):
+//  1: CUDA cores, register-only pipelining (decode_kernel.cuh);
+//  2: cp.async shared-memory ring + mma.sync tensor cores (decode_mma_kernel.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,14 +20,25 @@ namespace jaxattn::cuda {
 // else why not.
 const char* decode_unsupported_reason(const AttnParams& p);
 
+// Largest forced chunk (keys) a caller may ask for.
+constexpr int kDecodeMaxForcedChunk = 8192;
+
 // Splits of one (row, KV head) the workspace must hold for a row capacity of
-// `capacity` keys: the launcher never uses more. The Python wrapper sizes
-// split_o / split_lse with the same function's rule (jaxattn/decode.py).
-int decode_max_splits(int capacity);
+// `capacity` keys (and a forced chunk of `forced_chunk` keys, 0 = none): no
+// version ever uses more. The Python wrapper sizes split_o / split_lse with
+// this function (jaxattn/decode.py).
+int decode_max_splits(int capacity, int forced_chunk = 0);
 
 // Writes p.o and p.lse; uses p.split_o [B, K, max_splits, Tq * G, H] and
 // p.split_lse [B, K, max_splits, Tq * G] (p.num_splits = max_splits) when it
-// splits a row's keys. Enqueues on `stream` only (CUDA-graph safe).
-LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream);
+// splits a row's keys. `version`: 1 or 2 (above). `forced_chunk` > 0 (at
+// most kDecodeMaxForcedChunk) cuts every row into chunks of exactly that
+// many keys (tests: many splits at small sizes); 0 = the launcher's plan.
+// Enqueues on `stream` only (CUDA-graph safe).
+LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version = 1, int forced_chunk = 0);
+
+// The two versions (decode_fwd dispatches; same contract).
+LaunchStatus decode_fwd_v1(const AttnParams& p, cudaStream_t stream, int forced_chunk);
+LaunchStatus decode_fwd_v2(const AttnParams& p, cudaStream_t stream, int forced_chunk);
 
 }  // namespace jaxattn::cuda

@@ -1,0 +1,305 @@
+// CUDA decode kernel, version 2: split-KV attention over a KV cache built for
+// read bandwidth (cp.async ring + tensor cores).
+//
+// decode_mma_kernel<H, kBf16>: one CTA per (row b, KV head kh, chunk of keys,
+// block of 16 query rows). The query rows are the G heads sharing the KV head
+// times the Tq queries (row r = i * G + g), padded to one m16 tile, so every
+// K/V byte of the chunk is read once for all of them (more than 16 rows take
+// several row blocks; they are adjacent in launch order, so the second reads
+// the chunk from L2).
+//
+// Loads: tiles of kBlockN keys (K and V) stream through a kStages-deep
+// shared-memory ring with 16-byte cp.async copies; every thread copies fixed
+// 16-byte columns of fixed tile rows. The page ids of the chunk are read once
+// into shared memory before the loop, so the loader does one shared-memory
+// lookup per key row and no global dependent load (page lookups hoisted).
+//
+// Compute: warp w takes keys [16 w, 16 w + 16) of each tile. S = Q K^T with
+// mma.sync m16n8k16 (Q from shared memory, K via ldmatrix), an online softmax
+// per row in log2 units (each warp its own running max and sum), then O += P V
+// with P from the S accumulators in registers and V via ldmatrix.trans. At
+// the end the warps are merged through shared memory (aliasing the ring).
+// One chunk: o and lse are written directly; several: the normalised partial
+// output and its logsumexp go to the split workspace and
+// decode_combine_kernel (decode_common.cuh) merges them.
+#pragma once
+
+#include "common/ptx.h"
+#include "decode/decode_common.cuh"
+#include "sm80/smem_tile.cuh"
+
+namespace jaxattn::cuda::decode {
+
+// Tile shape and ring depth per head dim: >= 2 CTAs per SM where shared
+// memory allows, ~64 KB+ of loads in flight per SM.
+template <int H>
+struct MmaConfig;
+template <>
+struct MmaConfig<64> {
+  static constexpr int kBlockN = 64, kStages = 4;
+};
+template <>
+struct MmaConfig<128> {
+  static constexpr int kBlockN = 64, kStages = 3;
+};
+template <>
+struct MmaConfig<256> {
+  static constexpr int kBlockN = 32, kStages = 3;
+};
+
+template <int H>
+struct MmaLayout {
+  static constexpr int kBlockN = MmaConfig<H>::kBlockN;
+  static constexpr int kStages = MmaConfig<H>::kStages;
+  static constexpr int kWarps = kBlockN / 16;  // 16 keys per warp
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = 16;       // query rows per CTA (one m16 tile)
+  static constexpr int kPitch = H + 8;   // smem row pitch (elements): conflict-free ldmatrix
+  static constexpr int kTileElems = kBlockN * kPitch;
+  static constexpr int kChunksPerRow = H / 8;  // 16-byte copies per key row
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kPasses = kBlockN / kRowsPerPass;
+  static_assert(kThreads % kChunksPerRow == 0 && kBlockN % kRowsPerPass == 0, "loader shape");
+  // Shared memory: the K/V ring, or (after the loop) the warps' partial
+  // results; then Q and the chunk's page ids.
+  static constexpr int kRingBytes = kStages * 2 * kTileElems * 2;
+  static constexpr int kMergeBytes = kWarps * kRows * (H + 4) * 4 + 2 * kWarps * kRows * 4 + kRows * 4;
+  static constexpr int kFirstBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+  static constexpr int kQOffset = kFirstBytes;
+  static constexpr int kPagesOffset = kQOffset + kRows * kPitch * 2;
+  static constexpr int kSmemBytes = kPagesOffset + kMaxChunkPages * 4;
+};
+
+template <int H, bool kBf16>
+__global__ void __launch_bounds__(MmaLayout<H>::kThreads)
+    decode_mma_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan) {
+  using L = MmaLayout<H>;
+  using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  constexpr int kBlockN = L::kBlockN, kStages = L::kStages, kPitch = L::kPitch, kThreads = L::kThreads;
+  extern __shared__ __align__(16) unsigned char smem[];
+  Elem* ring = reinterpret_cast<Elem*>(smem);
+  Elem* q_s = reinterpret_cast<Elem*>(smem + L::kQOffset);
+  int32_t* pages_s = reinterpret_cast<int32_t*>(smem + L::kPagesOffset);
+
+  const int rb = blockIdx.x % plan.row_blocks, split = blockIdx.x / plan.row_blocks;
+  const int kh = blockIdx.y, b = blockIdx.z;
+  const int T = p.seqlen_q, G = p.num_heads / p.num_heads_k, K = p.num_heads_k;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int r0 = rb * L::kRows;
+  const int rows_here = min(L::kRows, plan.rows - r0);
+
+  // This CTA's keys [j_begin, j_end).
+  int lo, len;
+  row_keys(p, b, &lo, &len);
+  int chunk = plan.chunk;
+  if (plan.adaptive) {
+    const int per = (len - lo + plan.splits - 1) / plan.splits;
+    chunk = min(plan.chunk, max(64, (per + 63) / 64 * 64));
+  }
+  const int j_begin = min(len, lo + split * chunk);
+  const int j_end = min(len, j_begin + chunk);
+  const int num_tiles = (j_end - j_begin + kBlockN - 1) / kBlockN;
+
+  // Page ids of the chunk (clamped), and the query rows (zero past the last).
+  const bool paged = p.block_table != nullptr;
+  const int page0 = paged ? j_begin / p.page_size : 0;
+  if (paged && j_begin < j_end) {
+    const int npages = (j_end - 1) / p.page_size - page0 + 1;
+    for (int t = tid; t < npages; t += kThreads) {
+      const int32_t id = p.block_table[int64_t(b) * p.max_pages + page0 + t];
+      pages_s[t] = min(max(id, 0), p.num_pages - 1);
+    }
+  }
+  for (int c = tid; c < L::kRows * L::kChunksPerRow; c += kThreads) {
+    const int r = c / L::kChunksPerRow, col = (c % L::kChunksPerRow) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < rows_here) {
+      const int row = r0 + r, i = row / G, n = kh * G + row % G;
+      v = *reinterpret_cast<const uint4*>(static_cast<const Elem*>(p.q) + b * p.q_batch_stride +
+                                          i * p.q_row_stride + n * p.q_head_stride + col);
+    }
+    *reinterpret_cast<uint4*>(q_s + r * kPitch + col) = v;
+  }
+  __syncthreads();  // pages_s, q_s
+
+  // The loader: thread tid copies column chunk tid % kChunksPerRow of tile
+  // rows tid / kChunksPerRow + k * kRowsPerPass. Rows past j_end are zero-filled.
+  const int ld_row = tid / L::kChunksPerRow, ld_col = (tid % L::kChunksPerRow) * 8;
+  const Elem* kbase = static_cast<const Elem*>(p.k) + kh * p.k_head_stride + ld_col;
+  const Elem* vbase = static_cast<const Elem*>(p.v) + kh * p.v_head_stride + ld_col;
+  const uint32_t ring_addr = ptx::smem_addr(ring) + (ld_row * kPitch + ld_col) * 2;
+  auto load_tile = [&](int tile) {
+    const int stage = tile % kStages;
+    const uint32_t dst = ring_addr + stage * 2 * L::kTileElems * 2;
+#pragma unroll
+    for (int k = 0; k < L::kPasses; ++k) {
+      const int j = j_begin + tile * kBlockN + ld_row + k * L::kRowsPerPass;
+      const bool valid = j < j_end;
+      int64_t ko = 0, vo = 0;
+      if (valid) {
+        if (paged) {
+          const int rel = j / p.page_size;
+          const int64_t page = pages_s[rel - page0];
+          const int in_page = j - rel * p.page_size;
+          ko = page * p.k_batch_stride + in_page * p.k_row_stride;
+          vo = page * p.v_batch_stride + in_page * p.v_row_stride;
+        } else {
+          ko = b * p.k_batch_stride + int64_t(j) * p.k_row_stride;
+          vo = b * p.v_batch_stride + int64_t(j) * p.v_row_stride;
+        }
+      }
+      const uint32_t off = k * L::kRowsPerPass * kPitch * 2;
+      ptx::cp_async_16(dst + off, kbase + ko, valid);
+      ptx::cp_async_16(dst + L::kTileElems * 2 + off, vbase + vo, valid);
+    }
+  };
+
+  // Per lane: rows g and g + 8 of the tile (h = 0, 1), keys 2t, 2t+1 of
+  // each n8 tile of the warp's 16 keys.
+  const int g = lane / 4, t4 = lane % 4;
+  int pos[2];
+  bool row_ok[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h;
+    row_ok[h] = r < rows_here;
+    pos[h] = len - T + (r0 + r) / G;
+  }
+  const int wl = p.window_left;
+  const float qk_scale = p.scale * kLog2e;
+  const float cap = p.softcap;  // logits (natural units) capped: cap * tanh(x / cap)
+
+  float o_acc[1][H / 8][4];
+  sm80::clear(o_acc);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  const uint32_t q_addr = ptx::smem_addr(q_s) + sm80::lane_offset_a<kPitch>(lane);
+  const uint32_t k_lane = ptx::smem_addr(ring) + (warp * 16 * kPitch) * 2 + sm80::lane_offset_b<kPitch>(lane);
+  const uint32_t v_lane =
+      ptx::smem_addr(ring) + (L::kTileElems + warp * 16 * kPitch) * 2 + sm80::lane_offset_a<kPitch>(lane);
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) load_tile(s);
+    ptx::cp_async_commit();
+  }
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile `tile` is in; every warp is done with tile - 1
+    if (tile + kStages - 1 < num_tiles) load_tile(tile + kStages - 1);
+    ptx::cp_async_commit();
+    const uint32_t stage_off = (tile % kStages) * 2 * L::kTileElems * 2;
+
+    float s_acc[1][2][4];
+    sm80::clear(s_acc);
+    sm80::gemm_ss_abt<Elem, 1, 2, H, kPitch, kPitch>(s_acc, q_addr, k_lane + stage_off);
+
+    const int jw = j_begin + tile * kBlockN + warp * 16;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, j = jw + n * 8 + 2 * t4 + (e & 1);
+        float x = s_acc[0][n][e] * qk_scale;
+        if (cap > 0.f) x = cap * kLog2e * tanhf(x * (kLn2 / cap));
+        const bool ok = row_ok[h] && j < j_end && j <= pos[h] && (wl < 0 || j >= pos[h] - wl);
+        x = ok ? x : -INFINITY;
+        s_acc[0][n][e] = x;
+        mx[h] = fmaxf(mx[h], x);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m[h], ptx::quad_max(mx[h]));
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // rows with nothing visible yet
+      const float alpha = ptx::exp2_approx(m[h] - m_use);
+      m[h] = m_new;
+      l[h] *= alpha;
+#pragma unroll
+      for (int d = 0; d < H / 8; ++d) {
+        o_acc[0][d][2 * h] *= alpha;
+        o_acc[0][d][2 * h + 1] *= alpha;
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          s_acc[0][n][e] = ptx::exp2_approx(s_acc[0][n][e] - m_use);
+          l[h] += s_acc[0][n][e];
+        }
+      }
+    }
+    uint32_t p_frag[1][1][4];
+    sm80::acc_to_a_frags<Elem, 1, 1>(s_acc, p_frag);
+    sm80::gemm_rs_ab<Elem, 1, H / 8, 1, kPitch>(o_acc, p_frag, v_lane + stage_off);
+  }
+  ptx::cp_async_wait<0>();
+  __syncthreads();  // the ring is free: the merge buffers alias it
+
+  // Merge the warps: each writes its (m, l, o) rows; then per row the
+  // common max M, the sum L and every warp's weight 2^(m_w - M) / L.
+  float* red_o = reinterpret_cast<float*>(smem);  // [kWarps][kRows][H + 4]
+  float* red_m = red_o + L::kWarps * L::kRows * (H + 4);
+  float* red_l = red_m + L::kWarps * L::kRows;
+  float* row_lse = red_l + L::kWarps * L::kRows;  // [kRows]: the row's logsumexp (log2)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float lsum = ptx::quad_sum(l[h]);
+    const int r = g + 8 * h;
+    if (t4 == 0) {
+      red_m[warp * L::kRows + r] = m[h];
+      red_l[warp * L::kRows + r] = lsum;
+    }
+#pragma unroll
+    for (int d = 0; d < H / 8; ++d) {
+      *reinterpret_cast<float2*>(red_o + (warp * L::kRows + r) * (H + 4) + d * 8 + 2 * t4) =
+          make_float2(o_acc[0][d][2 * h], o_acc[0][d][2 * h + 1]);
+    }
+  }
+  __syncthreads();
+  if (tid < L::kRows) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < L::kWarps; ++w) M = fmaxf(M, red_m[w * L::kRows + tid]);
+    float sum = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < L::kWarps; ++w) {
+        const float wgt = exp2f(red_m[w * L::kRows + tid] - M);
+        red_m[w * L::kRows + tid] = wgt;  // now the warp's weight
+        sum += red_l[w * L::kRows + tid] * wgt;
+      }
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // (weights stay 0 for an empty row)
+#pragma unroll
+    for (int w = 0; w < L::kWarps; ++w) red_m[w * L::kRows + tid] = M == -INFINITY ? 0.f : red_m[w * L::kRows + tid] * inv;
+    row_lse[tid] = sum > 0.f ? M + log2f(sum) : -INFINITY;
+  }
+  __syncthreads();
+  const bool direct = plan.splits == 1;
+  for (int c = tid; c < rows_here * H; c += kThreads) {
+    const int r = c / H, d = c % H;
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < L::kWarps; ++w) o += red_m[w * L::kRows + r] * red_o[(w * L::kRows + r) * (H + 4) + d];
+    const int row = r0 + r, i = row / G, n = kh * G + row % G;
+    if (direct) {
+      static_cast<uint16_t*>(p.o)[b * p.o_batch_stride + i * p.o_row_stride + n * p.o_head_stride + d] =
+          to_half_bits<kBf16>(o);
+    } else {
+      const int64_t slot = ((int64_t(b) * K + kh) * p.num_splits + split) * plan.rows + row;
+      p.split_o[slot * H + d] = o;
+    }
+  }
+  if (tid < rows_here) {
+    const int row = r0 + tid, i = row / G, n = kh * G + row % G;
+    if (direct) {
+      p.lse[(int64_t(b) * T + i) * p.num_heads + n] = row_lse[tid] * kLn2;
+    } else {
+      p.split_lse[((int64_t(b) * K + kh) * p.num_splits + split) * plan.rows + row] = row_lse[tid];
+    }
+  }
+}
+
+}  // namespace jaxattn::cuda::decode

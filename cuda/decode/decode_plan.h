@@ -1,0 +1,53 @@
+// How a decode call is cut into CTAs (the split plan), and the host pieces
+// both kernel versions share: the plan struct, the key span of a row, the
+// SM count, the logsumexp combine launch. Plain C++ plus the CUDA runtime.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/params.h"
+#include "launch.h"
+
+namespace jaxattn::cuda::decode {
+
+constexpr int kMaxChunk = 8192;  // keys per chunk: bounds the shared page list
+constexpr int kMaxChunkPages = kMaxChunk / 16 + 1;
+constexpr int kMinChunk = 256;   // keys per chunk, at least (below, the combine costs more than it gains)
+
+struct DecodePlan {
+  int splits;      // chunks per (row, KV head)
+  int chunk;       // keys per chunk, <= kMaxChunk
+  int row_blocks;  // blocks of query rows (of RB rows in version 1, 16 in version 2)
+  int rows;        // Tq * G
+  // Version 2: each row cuts its own visible keys into `splits` chunks of a
+  // multiple of 64 keys (at most `chunk`), so short rows of a ragged batch
+  // are not left with empty chunks; false: chunks of exactly `chunk` keys.
+  bool adaptive;
+};
+
+inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+
+// Keys one row may need at most: the capacity, or Tq + window.
+inline int64_t key_span(const AttnParams& p) {
+  int64_t span = p.seqlen_k;
+  if (p.window_left >= 0) span = std::min<int64_t>(span, int64_t(p.seqlen_q) + p.window_left);
+  return std::max<int64_t>(span, 1);
+}
+
+// Chunks of `span` keys for about `splits` splits: a multiple of 64 keys, at
+// most kMaxChunk; sets plan.chunk and plan.splits (the real count).
+inline void set_chunks(DecodePlan& plan, int64_t span, int splits) {
+  plan.chunk = int(std::min<int64_t>(kMaxChunk, (int64_t(ceil_div(span, std::max(splits, 1))) + 63) / 64 * 64));
+  plan.splits = ceil_div(span, plan.chunk);
+}
+
+// SMs of the current device (queried once per device).
+int device_sms();
+
+// Merges plan.splits partial outputs per query row into p.o and p.lse.
+LaunchStatus launch_combine(const AttnParams& p, const DecodePlan& plan, cudaStream_t stream);
+
+}  // namespace jaxattn::cuda::decode

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds the CUDA decode kernels (both versions) with their standalone
+# checker (tests/cuda/decode_check.cu, no JAX) for one architecture (sm_90 by
+# default), then: ptxas registers/spills per decode kernel, SASS health of
+# version 2 (LDGSTS = cp.async, HMMA = tensor cores, LDL/STL = local memory),
+# compute-sanitizer memcheck and racecheck on the quick cases (when the tool
+# exists), and the full check against float64 plus the bandwidth table. The
+# last lines printed are the results.
+#
+# Usage: scripts/decode_standalone.sh [args for decode_check]
+# Env: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc), BUILD
+#      (default build/decode_standalone), ARCH (90), SANITIZE (1). With $OUT
+#      set, the logs are copied there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+BUILD=${BUILD:-build/decode_standalone}
+ARCH=${ARCH:-90}
+mkdir -p "$BUILD"
+FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -Icuda -Itests/cuda -gencode "arch=compute_${ARCH},code=sm_${ARCH}")
+
+t0=$(date +%s)
+pids=()
+for src in cuda/decode/launch_decode.cu cuda/decode/launch_decode_v2.cu tests/cuda/decode_check.cu; do
+  obj="$BUILD/$(basename "${src%.cu}").o"
+  "$NVCC" "${FLAGS[@]}" -Xptxas -v -c "$src" -o "$obj" >"$obj.log" 2>&1 &
+  pids+=($!)
+done
+fail=0
+for pid in "${pids[@]}"; do wait "$pid" || fail=1; done
+if [ $fail = 1 ]; then cat "$BUILD"/*.o.log; echo "BUILD FAILED"; exit 1; fi
+"$NVCC" -gencode "arch=compute_${ARCH},code=sm_${ARCH}" "$BUILD"/launch_decode.o "$BUILD"/launch_decode_v2.o \
+  "$BUILD"/decode_check.o -o "$BUILD/decode_check"
+echo "build: $(( $(date +%s) - t0 )) s"
+
+echo "== ptxas: registers, stack and spills per decode kernel"
+cat "$BUILD"/launch_decode*.o.log | grep -E "Compiling entry|Used [0-9]+ registers|spill" |
+  sed -E 's/.*entry function .(_Z[^ ]*). for.*/\1/; s/ptxas info *: //' | paste - - - | c++filt |
+  sed -E 's/jaxattn::cuda::decode:://g; s/\(jaxattn::AttnParams, DecodePlan\)//; s/, used [0-9]+ barriers//' | sort -u
+
+echo "== SASS of decode_mma_kernel (version 2): per kernel LDGSTS HMMA LDSM LDL/STL"
+CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)}
+if [ -x "$CUOBJDUMP" ] || command -v "$CUOBJDUMP" >/dev/null; then
+  "$CUOBJDUMP" -sass "$BUILD/launch_decode_v2.o" | awk '
+    /Function :/ { name = $3 }
+    name != "" && /LDGSTS/ { ldgsts[name]++ } name != "" && /HMMA/ { hmma[name]++ }
+    name != "" && /LDSM/ { ldsm[name]++ } name != "" && /(LDL|STL)/ { local_[name]++ }
+    END { for (n in hmma) printf "%s LDGSTS %d HMMA %d LDSM %d LDL/STL %d\n", n, ldgsts[n], hmma[n], ldsm[n], local_[n] }' |
+    c++filt | sed -E 's/jaxattn::cuda::decode:://g; s/\(jaxattn::AttnParams, DecodePlan\)//' | sort
+else
+  echo "cuobjdump not found"
+fi
+
+rm -f "$BUILD/sanitize.txt"
+if [ "${SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  echo "== compute-sanitizer memcheck, racecheck (quick cases)"
+  for tool in memcheck racecheck; do
+    timeout 120 compute-sanitizer --tool $tool --print-limit 5 --error-exitcode 3 \
+      "$BUILD/decode_check" --quick >"$BUILD/$tool.txt" 2>&1 &&
+      echo "$tool: clean" | tee -a "$BUILD/sanitize.txt" ||
+      { echo "$tool: FAILED or timed out" | tee -a "$BUILD/sanitize.txt"; tail -n 30 "$BUILD/$tool.txt"; }
+  done
+fi
+
+echo "== check + bench"
+status=0
+"$BUILD/decode_check" "$@" | tee "$BUILD/main.txt" || status=1
+if [ -n "${OUT:-}" ]; then
+  cp "$BUILD"/main.txt "$BUILD"/*.o.log "$OUT/" 2>/dev/null || true
+  cp "$BUILD"/memcheck.txt "$BUILD"/racecheck.txt "$OUT/" 2>/dev/null || true
+fi
+echo
+echo "################ decode summary ################"
+cat "$BUILD/sanitize.txt" 2>/dev/null || true
+grep -E "FAIL|ALL OK|SOME" "$BUILD/main.txt" || true
+sed -n '/== bench/,$p' "$BUILD/main.txt"
+exit $status

@@ -1,0 +1,361 @@
+// Standalone check and benchmark of the CUDA decode kernels, versions 1 and 2
+// (cuda/decode/; no JAX), so that a wrong element can be found without XLA.
+//
+// Check: for each case, fresh random q and caches (contiguous, or paged with
+// a shuffled page table whose entries past a row's length are out of range),
+// ragged lengths 1..capacity, outputs and split workspace poisoned with NaN;
+// decode_fwd called for each version; o and lse compared with a float64 CPU
+// reference (max abs error; rows that see no key must give 0 and -inf).
+// Bench: the issue's rows (paged, page size 64, N=32 over K=8, H=128, bf16,
+// Tq=1, every row full): GB/s of K, V, Q, O and the fraction of the read
+// bandwidth measured by a plain streaming-sum kernel, timed with CUDA events.
+//
+// Usage: decode_check [--quick] [--no-bench] [--no-check]
+//   --quick: a few small cases, no benchmark (for compute-sanitizer).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "check_util.h"
+#include "common/params.h"
+#include "decode/launch_decode.h"
+
+using jaxattn::AttnParams;
+using jaxattn::DType;
+namespace jc = jaxattn::cuda;
+
+struct DecodeCase {
+  int B, Tq, N, K, H, capacity;
+  int page_size;  // 0: contiguous
+  bool bf16;
+  int window = -1;
+  float softcap = 0.f;
+  int chunk = 0;  // forced keys per split (0: the launcher's plan)
+};
+
+static std::string describe(const DecodeCase& c) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "B%d Tq%d N%d K%d H%d cap%d %s %s%s%s%s", c.B, c.Tq, c.N, c.K, c.H, c.capacity,
+                c.page_size ? ("page" + std::to_string(c.page_size)).c_str() : "contig", c.bf16 ? "bf16" : "fp16",
+                c.window >= 0 ? (" win" + std::to_string(c.window)).c_str() : "",
+                c.softcap > 0 ? " softcap" : "", c.chunk ? (" chunk" + std::to_string(c.chunk)).c_str() : "");
+  return buf;
+}
+
+template <typename T>
+static T* upload(const std::vector<T>& h) {
+  T* d = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(h.size(), 1) * sizeof(T)));
+  CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// Device buffers of one call and the AttnParams that describe them.
+struct Call {
+  AttnParams p;
+  uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  float *lse = nullptr, *split_o = nullptr, *split_lse = nullptr;
+  int32_t *lengths = nullptr, *table = nullptr;
+  size_t o_count = 0, lse_count = 0, so_count = 0, sl_count = 0;
+
+  void poison() {
+    CUDA_CHECK(cudaMemset(o, 0xFF, o_count * 2));
+    CUDA_CHECK(cudaMemset(lse, 0xFF, lse_count * 4));
+    CUDA_CHECK(cudaMemset(split_o, 0xFF, so_count * 4));
+    CUDA_CHECK(cudaMemset(split_lse, 0xFF, sl_count * 4));
+  }
+  void free_all() {
+    for (void* x : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)split_o, (void*)split_lse,
+                    (void*)lengths, (void*)table})
+      cudaFree(x);
+  }
+};
+
+// Fills p as bindings/decode_params.h does for these shapes; allocates o, lse and the workspace.
+static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int num_pages) {
+  Call call;
+  AttnParams& p = call.p;
+  p.batch = c.B, p.seqlen_q = c.Tq, p.num_heads = c.N, p.num_heads_k = c.K, p.head_dim = c.H;
+  p.dtype = c.bf16 ? DType::kBF16 : DType::kF16;
+  if (c.page_size) {
+    p.page_size = c.page_size, p.max_pages = max_pages, p.num_pages = num_pages;
+    p.seqlen_k = max_pages * c.page_size;
+  } else {
+    p.seqlen_k = c.capacity;
+  }
+  jaxattn::set_contiguous_strides(p);
+  p.k_batch_stride = p.v_batch_stride = int64_t(cache_rows) * p.k_row_stride;
+  p.scale = 1.f / std::sqrt(float(c.H));
+  p.is_causal = true;
+  p.window_left = c.window;
+  p.window_right = -1;
+  p.softcap = c.softcap;
+  const int rows = c.Tq * (c.N / c.K);
+  const int splits = jc::decode_max_splits(p.seqlen_k, c.chunk);
+  call.o_count = size_t(c.B) * c.Tq * c.N * c.H;
+  call.lse_count = size_t(c.B) * c.Tq * c.N;
+  call.sl_count = size_t(c.B) * c.K * splits * rows;
+  call.so_count = call.sl_count * c.H;
+  CUDA_CHECK(cudaMalloc(&call.o, call.o_count * 2));
+  CUDA_CHECK(cudaMalloc(&call.lse, call.lse_count * 4));
+  CUDA_CHECK(cudaMalloc(&call.split_o, call.so_count * 4));
+  CUDA_CHECK(cudaMalloc(&call.split_lse, call.sl_count * 4));
+  p.num_splits = splits;
+  p.split_o = call.split_o;
+  p.split_lse = call.split_lse;
+  p.o = call.o;
+  p.lse = call.lse;
+  return call;
+}
+
+// Max abs error of o against the float64 reference; -1 when a row's
+// emptiness (lse -inf, o 0) or a NaN disagrees.
+static double check_case(const DecodeCase& c, int version, uint64_t seed, double* lse_err) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int G = c.N / c.K, H = c.H, ps = c.page_size;
+  const int max_pages = ps ? c.capacity / ps : 0;
+  const int num_pages = ps ? c.B * max_pages + 3 : 0;
+  const int cache_rows = ps ? ps : c.capacity;           // rows per page / per batch row
+  const int cache_count = ps ? num_pages : c.B;           // pages / batch rows
+  std::vector<int32_t> len(c.B);
+  for (int b = 0; b < c.B; ++b) len[b] = 1 + int(rng() % c.capacity);
+  len[0] = c.capacity;
+  if (c.B > 1) len[1] = 1;
+  if (c.B > 2) len[2] = std::min(c.capacity, c.Tq + 1);
+  std::vector<int32_t> table;
+  if (ps) {
+    std::vector<int32_t> perm(num_pages);
+    for (int i = 0; i < num_pages; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    table.assign(size_t(c.B) * max_pages, 0);
+    for (int b = 0; b < c.B; ++b) {
+      const int used = (len[b] + ps - 1) / ps;
+      for (int t = 0; t < max_pages; ++t) table[b * max_pages + t] = t < used ? perm[b * max_pages + t] : 1000000;
+    }
+  }
+  auto fill = [&](size_t n, std::vector<uint16_t>& bits, std::vector<float>& val) {
+    bits.resize(n);
+    val.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      bits[i] = to_bits(nd(rng), c.bf16);
+      val[i] = from_bits(bits[i], c.bf16);
+    }
+  };
+  std::vector<uint16_t> qb, kb, vb;
+  std::vector<float> qv, kv, vv;
+  fill(size_t(c.B) * c.Tq * c.N * H, qb, qv);
+  fill(size_t(cache_count) * cache_rows * c.K * H, kb, kv);
+  fill(size_t(cache_count) * cache_rows * c.K * H, vb, vv);
+
+  Call call = make_call(c, cache_rows, max_pages, num_pages);
+  call.q = upload(qb), call.k = upload(kb), call.v = upload(vb), call.lengths = upload(len);
+  call.p.q = call.q, call.p.k = call.k, call.p.v = call.v, call.p.kv_lengths = call.lengths;
+  if (ps) {
+    call.table = upload(table);
+    call.p.block_table = call.table;
+  }
+  call.poison();
+  check_launch(jc::decode_fwd(call.p, nullptr, version, c.chunk));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> ob(call.o_count);
+  std::vector<float> lse(call.lse_count);
+  CUDA_CHECK(cudaMemcpy(ob.data(), call.o, ob.size() * 2, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(lse.data(), call.lse, lse.size() * 4, cudaMemcpyDeviceToHost));
+  call.free_all();
+
+  // Float64 reference, row by row.
+  const double scale = 1.0 / std::sqrt(double(H));
+  double err = 0.0;
+  *lse_err = 0.0;
+  std::vector<double> s(c.capacity), acc(H);
+  for (int b = 0; b < c.B; ++b) {
+    for (int i = 0; i < c.Tq; ++i) {
+      const int pos = len[b] - c.Tq + i;
+      for (int n = 0; n < c.N; ++n) {
+        const int kh = n / G;
+        double m = -INFINITY;
+        for (int j = 0; j < len[b]; ++j) {
+          s[j] = -INFINITY;
+          if (j > pos || (c.window >= 0 && j < pos - c.window)) continue;
+          const size_t row = ps ? size_t(table[b * max_pages + j / ps]) * ps + j % ps : size_t(b) * c.capacity + j;
+          double d = 0.0;
+          for (int h = 0; h < H; ++h)
+            d += double(qv[((size_t(b) * c.Tq + i) * c.N + n) * H + h]) * kv[(row * c.K + kh) * H + h];
+          d *= scale;
+          if (c.softcap > 0) d = c.softcap * std::tanh(d / c.softcap);
+          s[j] = d;
+          m = std::max(m, d);
+        }
+        std::fill(acc.begin(), acc.end(), 0.0);
+        double l = 0.0;
+        for (int j = 0; j < len[b] && m != -INFINITY; ++j) {
+          if (s[j] == -INFINITY) continue;
+          const double w = std::exp(s[j] - m);
+          l += w;
+          const size_t row = ps ? size_t(table[b * max_pages + j / ps]) * ps + j % ps : size_t(b) * c.capacity + j;
+          for (int h = 0; h < H; ++h) acc[h] += w * vv[(row * c.K + kh) * H + h];
+        }
+        const size_t at = (size_t(b) * c.Tq + i) * c.N + n;
+        const bool empty = !(l > 0);
+        if (empty != std::isinf(lse[at]) || std::isnan(lse[at])) return -1.0;
+        if (!empty) *lse_err = std::max(*lse_err, std::abs(double(lse[at]) - (m + std::log(l))));
+        for (int h = 0; h < H; ++h) {
+          const double got = from_bits(ob[at * H + h], c.bf16);
+          if (std::isnan(got)) return -1.0;
+          err = std::max(err, std::abs(got - (empty ? 0.0 : acc[h] / l)));
+        }
+      }
+    }
+  }
+  return err;
+}
+
+// A streaming read of `bytes` (the chip's read bandwidth; what the bar is a fraction of).
+__global__ void read_sum(const uint4* p, size_t n, unsigned* out) {
+  unsigned x = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 u = __ldg(p + i);
+    x ^= u.x ^ u.y ^ u.z ^ u.w;
+  }
+  if (x == 0x12345678u) *out = x;  // keeps the loads
+}
+
+static double read_bandwidth() {
+  const size_t bytes = size_t(4) << 30;
+  uint4* buf = nullptr;
+  unsigned* out = nullptr;
+  CUDA_CHECK(cudaMalloc(&buf, bytes));
+  CUDA_CHECK(cudaMalloc(&out, 4));
+  CUDA_CHECK(cudaMemset(buf, 1, bytes));
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int r = 0; r < 5; ++r) {
+    CUDA_CHECK(cudaEventRecord(e0));
+    read_sum<<<sms * 4, 512>>>(buf, bytes / 16, out);
+    CUDA_CHECK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r > 0) best = std::min(best, ms);
+  }
+  cudaFree(buf);
+  cudaFree(out);
+  return bytes / (best * 1e-3);
+}
+
+static void bench(double peak) {
+  const int N = 32, K = 8, H = 128, ps = 64, reps = 20;
+  std::printf("\n| B | L | v1 GB/s (of read bw) | v2 GB/s (of read bw) | v2 / v1 |\n|---|---|---|---|---|\n");
+  for (int B : {16, 32, 64}) {
+    for (int L : {4096, 16384, 65536}) {
+      DecodeCase c{B, 1, N, K, H, L, ps, true};
+      const int max_pages = L / ps, num_pages = B * max_pages;
+      Call call = make_call(c, ps, max_pages, num_pages);
+      const size_t cache = size_t(num_pages) * ps * K * H;
+      CUDA_CHECK(cudaMalloc(&call.q, size_t(B) * N * H * 2));
+      CUDA_CHECK(cudaMalloc(&call.k, cache * 2));
+      CUDA_CHECK(cudaMalloc(&call.v, cache * 2));
+      fill_random<<<1024, 256>>>(call.q, size_t(B) * N * H, 1u, true);
+      fill_random<<<4096, 256>>>(call.k, cache, 2u, true);
+      fill_random<<<4096, 256>>>(call.v, cache, 3u, true);
+      std::vector<int32_t> perm(num_pages), len(B, L);
+      for (int i = 0; i < num_pages; ++i) perm[i] = i;
+      std::shuffle(perm.begin(), perm.end(), std::mt19937_64(B * 7 + L));
+      call.table = upload(perm);
+      call.lengths = upload(len);
+      AttnParams& p = call.p;
+      p.q = call.q, p.k = call.k, p.v = call.v, p.block_table = call.table, p.kv_lengths = call.lengths;
+      const double bytes = (2.0 * B * L * K * H + 2.0 * B * N * H) * 2;
+      double gbs[2];
+      for (int version : {1, 2}) {
+        cudaEvent_t e0, e1;
+        CUDA_CHECK(cudaEventCreate(&e0));
+        CUDA_CHECK(cudaEventCreate(&e1));
+        for (int w = 0; w < 3; ++w) check_launch(jc::decode_fwd(p, nullptr, version, 0));
+        CUDA_CHECK(cudaEventRecord(e0));
+        for (int r = 0; r < reps; ++r) check_launch(jc::decode_fwd(p, nullptr, version, 0));
+        CUDA_CHECK(cudaEventRecord(e1));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0.f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        gbs[version - 1] = bytes / (ms * 1e-3 / reps) / 1e9;
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+      }
+      std::printf("| %d | %d | %.0f (%.0f%%) | %.0f (%.0f%%) | %.2fx |\n", B, L, gbs[0], 100 * gbs[0] * 1e9 / peak,
+                  gbs[1], 100 * gbs[1] * 1e9 / peak, gbs[1] / gbs[0]);
+      std::fflush(stdout);
+      call.free_all();
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  bool quick = false, do_bench = true, do_check = true;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true, do_bench = false;
+    if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
+    if (!std::strcmp(argv[i], "--no-check")) do_check = false;
+  }
+  std::vector<DecodeCase> cases;
+  if (quick) {
+    cases = {{3, 1, 32, 8, 128, 512, 64, true},
+             {3, 4, 8, 1, 64, 256, 16, false, -1, 0.f, 80},
+             {2, 1, 4, 4, 256, 300, 0, true},
+             {3, 2, 16, 2, 128, 768, 256, false, 37, 5.f}};
+  } else {
+    const int groups[][3] = {{4, 4, 1}, {8, 4, 1}, {32, 8, 1}, {8, 1, 1}, {8, 2, 4}, {8, 1, 4}, {16, 1, 4}};
+    int i = 0;
+    for (int ps : {0, 16, 64, 256}) {
+      for (int H : {64, 128, 256}) {
+        for (int chunk : {0, 80}) {
+          const int* g = groups[i % 7];
+          DecodeCase c{4, g[2], g[0], g[1], H, 3 * (ps ? ps : 96), ps, i % 2 == 0};
+          c.chunk = chunk;
+          if (i % 5 == 4) c.window = 37, c.softcap = 5.f;
+          cases.push_back(c);
+          ++i;
+        }
+      }
+    }
+    cases.push_back({2, 1, 32, 8, 128, 8192, 64, true});  // long rows: the auto plan splits
+    cases.push_back({1, 16, 16, 2, 128, 4096, 0, false});  // 128 rows: 8 row blocks
+  }
+  int failures = 0;
+  if (do_check) {
+    std::printf("== check against float64 (max abs error of o, of lse)\n");
+    uint64_t seed = 1;
+    for (const DecodeCase& c : cases) {
+      for (int version : {1, 2}) {
+        double lse_err = 0.0;
+        const double err = check_case(c, version, seed, &lse_err);
+        const double tol = c.bf16 ? 2e-2 : 4e-3;
+        const bool ok = err >= 0 && err <= tol && lse_err <= 2e-2;
+        failures += !ok;
+        std::printf("%-4s v%d %-60s o %.2e lse %.2e%s\n", ok ? "ok" : "FAIL", version, describe(c).c_str(), err,
+                    lse_err, err < 0 ? " (NaN / unwritten element or wrong empty row)" : "");
+      }
+      ++seed;
+    }
+    std::printf("%s: %d of %zu case-versions failed\n", failures ? "SOME FAILED" : "ALL OK", failures,
+                2 * cases.size());
+  }
+  if (do_bench) {
+    const double peak = read_bandwidth();
+    std::printf("\n== bench: paged (page 64), N=32 K=8 H=128 bf16 Tq=1; read bandwidth %.0f GB/s\n", peak / 1e9);
+    bench(peak);
+  }
+  return failures ? 1 : 0;
+}
