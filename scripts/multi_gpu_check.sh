@@ -8,17 +8,17 @@
 # does not stop the others; the exit status is 1 when any failed):
 #   a. nvidia-smi                       (gpu_check.sh's step)  -> nvidia-smi.txt
 #   b. build + install                  (gpu_check.sh's step)  -> build.log
-#   c. tests on the real GPUs: pytest -m gpu of tests/test_ring.py and
-#      tests/test_sharding.py (ring attention with the CUDA kernels; batch,
-#      heads and sequence-sharded flash_attention under jit, both partitioners)
-#                                                              -> tests.log, tests.xml
-#   d. train steps of examples/train_lm.py's model on data, tensor and sequence
-#      parallel meshes over the GPUs vs one GPU (tests/parallel_train_worker.py),
-#      alongside c (both are small)                            -> train.json, train.log
-#   e. benchmarks/ring.py, the GPUs alone: ring attention at T=65536 on P GPUs
+#   c. benchmarks/ring.py, the GPUs alone: ring attention at T=65536 on P GPUs
 #      vs flash_attention at T/P on one (causal zig-zag and not, bf16, N=16, H=128,
 #      fwd and fwd+bwd), the ring without overlap, flash_attention under jit
 #      (auto ring) and the transfers alone                     -> ring.json, ring.md, bench.log
+#   d. train steps of examples/train_lm.py's model on data, tensor and sequence
+#      parallel meshes over the GPUs vs one GPU (tests/parallel_train_worker.py),
+#      alongside e (both are small)                            -> train.json, train.log
+#   e. tests on the real GPUs: pytest -m gpu of tests/test_ring.py and
+#      tests/test_sharding.py (ring attention with the CUDA kernels; batch,
+#      heads and sequence-sharded flash_attention under jit, both partitioners)
+#                                                              -> tests.log, tests.xml
 #   f. summary, printed LAST                                   -> summary.md, summary.json
 # Everything is also tee'd to $OUT/multi_gpu_check.log.
 #
@@ -26,6 +26,7 @@
 #   OUT=dir (default <repo>/results)   PYTHON=python3   BUILD_JOBS=32
 #   TIME_BUDGET=450      seconds for the whole run; each step's limit is cut to fit
 #   LIMIT_BUILD=240 LIMIT_TESTS=150 LIMIT_TRAIN=150 LIMIT_BENCH=150
+#   BENCH_MIN=110        seconds the build leaves for the benchmark
 #   BENCH_ARGS="..."     extra benchmarks/ring.py flags (e.g. "--seqlen 131072")
 #   SKIP_BUILD=1 SKIP_TESTS=1 SKIP_TRAIN=1 SKIP_BENCH=1
 # flax and optax (for d) may be carried as wheels in <repo>/.whl: they are
@@ -51,7 +52,7 @@ export NCCL_NVLS_ENABLE=0
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 TIME_BUDGET="${TIME_BUDGET:-450}"
 LIMIT_BUILD="${LIMIT_BUILD:-240}" LIMIT_TESTS="${LIMIT_TESTS:-150}"
-LIMIT_TRAIN="${LIMIT_TRAIN:-150}" LIMIT_BENCH="${LIMIT_BENCH:-150}"
+LIMIT_TRAIN="${LIMIT_TRAIN:-150}" LIMIT_BENCH="${LIMIT_BENCH:-150}" BENCH_MIN="${BENCH_MIN:-110}"
 STEPS="$OUT/steps.tsv"
 RUNDIR="${GPU_CHECK_RUNDIR:-}"
 
@@ -117,27 +118,29 @@ main() {
   carried_wheels
 
   run_step smi 30 0
+  # The build leaves BENCH_MIN s for the benchmark and 60 s for the tests/train steps.
   if [[ "${SKIP_BUILD:-0}" == 1 ]]; then record build "skipped (SKIP_BUILD)" 0 -
-  else run_step build "$LIMIT_BUILD" 150; fi
+  else run_step build "$LIMIT_BUILD" "$((BENCH_MIN + 60))"; fi
 
-  # Tests and train steps side by side (small); the benchmark then has the GPUs alone.
+  # The benchmark first, with the GPUs alone; rows stop starting 30 s before its
+  # timeout, so it writes its outputs itself.
+  if [[ "${SKIP_BENCH:-0}" == 1 ]]; then record bench "skipped (SKIP_BENCH)" 0 -
+  else
+    local limit=$((DEADLINE - SECONDS - 60))
+    ((limit > LIMIT_BENCH)) && limit=$LIMIT_BENCH
+    run_step bench "$limit" 0 "$((limit - 30 > 20 ? limit - 30 : 20))"
+  fi
+
+  # Then the train steps and the tests side by side (both small).
   local pid=""
   if [[ "${SKIP_TRAIN:-0}" == 1 ]]; then record train "skipped (SKIP_TRAIN)" 0 -
   else
-    STEP_SIGNAL=TERM run_step train "$LIMIT_TRAIN" 100 >"$OUT/train.step.log" 2>&1 &
+    STEP_SIGNAL=TERM run_step train "$LIMIT_TRAIN" 5 >"$OUT/train.step.log" 2>&1 &
     pid=$!
   fi
   if [[ "${SKIP_TESTS:-0}" == 1 ]]; then record tests "skipped (SKIP_TESTS)" 0 -
-  else run_step tests "$LIMIT_TESTS" 100; fi
+  else run_step tests "$LIMIT_TESTS" 5; fi
   if [[ -n "$pid" ]]; then wait "$pid"; cat "$OUT/train.step.log"; fi
-
-  if [[ "${SKIP_BENCH:-0}" == 1 ]]; then record bench "skipped (SKIP_BENCH)" 0 -
-  else
-    local left=$((DEADLINE - SECONDS - 15))
-    ((left > LIMIT_BENCH)) && left=$LIMIT_BENCH
-    # Rows stop starting 40 s before the step's timeout, so the benchmark writes its outputs itself.
-    run_step bench "$left" 10 "$((left - 40 > 20 ? left - 40 : 20))"
-  fi
 
   summarize
   local status=0
@@ -184,6 +187,9 @@ if os.path.exists(os.path.join(out, "tests.xml")):
     lines.append("")
 
 train = read("train.json")
+if not train and "train" in summary["steps"] and not summary["steps"]["train"]["status"].startswith("skipped"):
+    lines += ["train steps: no train.json; the end of train.log:", "```",
+              *(read("train.log") or "").strip().splitlines()[-15:], "```", ""]
 if train:
     t = json.loads(train)
     summary["train"] = t
