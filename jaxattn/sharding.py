@@ -208,7 +208,8 @@ def _forbidden_message(name: str, what: str, axes, seq_rule: SequenceRule) -> st
         return (f"jaxattn.flash_attention: the {name}'s {what} is sharded over mesh axis {_fmt(axes)}, "
                 f"which would run ring attention, but {seq_rule.why_not}. Replicate the sequence "
                 "dimension, or shard the batch or heads instead.")
-    dims = "batch (B), head (N, K) and sequence (T, S: ring attention)" if seq_rule.make else "batch (B) and head (N, K)"
+    dims = ("batch (B), head (N, K) and sequence (T, S: ring attention)" if seq_rule.make
+            else "batch (B) and head (N, K)")
     hint = "" if seq_rule.make else " (for a sharded sequence call jaxattn.ring_attention inside jax.shard_map)"
     return (f"jaxattn.flash_attention: the {name}'s {what} is sharded over mesh axis {_fmt(axes)}; only the "
             f"{dims} dimensions can be sharded{hint}. Replicate that dimension, e.g. "
