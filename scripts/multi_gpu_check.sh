@@ -11,16 +11,19 @@
 #   c. benchmarks/ring.py, the GPUs alone: ring attention at T=65536 on P GPUs
 #      vs flash_attention at T/P on one (causal zig-zag and not, bf16, N=16, H=128,
 #      fwd and fwd+bwd), the ring without overlap, flash_attention under jit
-#      (auto ring) and the transfers alone                     -> ring.json, ring.md, bench.log
+#      (auto ring) and the transfers alone
 #   d. train steps of examples/train_lm.py's model on data, tensor and sequence
 #      parallel meshes over the GPUs vs one GPU (tests/parallel_train_worker.py),
-#      alongside e (both are small)                            -> train.json, train.log
+#      alongside e (both are small)
 #   e. tests on the real GPUs: pytest -m gpu of tests/test_ring.py and
 #      tests/test_sharding.py (ring attention with the CUDA kernels; batch,
 #      heads and sequence-sharded flash_attention under jit, both partitioners)
-#                                                              -> tests.log, tests.xml
-#   f. summary, printed LAST                                   -> summary.md, summary.json
-# Everything is also tee'd to $OUT/multi_gpu_check.log.
+#                                                              -> tests.xml
+#   f. summary, printed LAST: steps, tests, train losses, the benchmark table
+#                                                              -> summary.md, summary.json (all numbers)
+# Everything printed is also in $OUT/multi_gpu_check.log. $OUT gets 7 files
+# (nvidia-smi.txt, build.log, steps.tsv, tests.xml, summary.md, summary.json,
+# multi_gpu_check.log): the device tool brings back at most 8.
 #
 # Environment:
 #   OUT=dir (default <repo>/results)   PYTHON=python3   BUILD_JOBS=32
@@ -55,6 +58,8 @@ LIMIT_BUILD="${LIMIT_BUILD:-240}" LIMIT_TESTS="${LIMIT_TESTS:-150}"
 LIMIT_TRAIN="${LIMIT_TRAIN:-150}" LIMIT_BENCH="${LIMIT_BENCH:-150}" BENCH_MIN="${BENCH_MIN:-110}"
 STEPS="$OUT/steps.tsv"
 RUNDIR="${GPU_CHECK_RUNDIR:-}"
+# Step outputs that the summary gathers (everything they print is in the log too).
+PARTS="$RUNDIR/parts"
 
 # ------------------------------------------------------------------ steps --
 
@@ -64,7 +69,7 @@ step_build() { bash "$REPO/scripts/gpu_check.sh" __step build; }
 step_tests() {
   cd "$RUNDIR" || return 1
   "$PY" -m pytest "$REPO/tests/test_ring.py" "$REPO/tests/test_sharding.py" -m gpu -q -rs \
-    -p no:cacheprovider --rootdir "$REPO" --junitxml "$OUT/tests.xml" 2>&1 | tee -i "$OUT/tests.log"
+    -p no:cacheprovider --rootdir "$REPO" --junitxml "$OUT/tests.xml" 2>&1 | tee -i "$PARTS/tests.log"
   local rc=${PIPESTATUS[0]}
   [[ $rc == 5 ]] && { echo "pytest collected no tests"; return 1; }
   [[ $rc == 0 ]]
@@ -72,10 +77,10 @@ step_tests() {
 
 step_train() {
   cd "$RUNDIR" || return 1
-  "$PY" "$REPO/tests/parallel_train_worker.py" "$OUT/train.json" --gpu --steps 5 2>&1 | tee -i "$OUT/train.log"
+  "$PY" "$REPO/tests/parallel_train_worker.py" "$PARTS/train.json" --gpu --steps 5 2>&1 | tee -i "$PARTS/train.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || return 1
   "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); sys.exit(0 if r and all(v["ok"] for v in r.values()) else 1)' \
-    "$OUT/train.json"
+    "$PARTS/train.json"
 }
 
 step_bench() {  # $1: the benchmark's own time budget (rows that would start later are skipped)
@@ -83,8 +88,8 @@ step_bench() {  # $1: the benchmark's own time budget (rows that would start lat
   local user=()
   eval "user=(${BENCH_ARGS:-})"
   "$PY" "$REPO/benchmarks/ring.py" --seqlen 65536 --heads 16 --head-dim 128 --dtype bfloat16 \
-    --warmup 2 --reps 5 --time-budget "$1" --json "$OUT/ring.json" --md "$OUT/ring.md" \
-    ${user[@]+"${user[@]}"} 2>&1 | tee -i "$OUT/bench.log"
+    --warmup 2 --reps 5 --time-budget "$1" --json "$PARTS/ring.json" \
+    ${user[@]+"${user[@]}"} 2>&1
   [[ ${PIPESTATUS[0]} == 0 ]]
 }
 
@@ -111,9 +116,11 @@ carried_wheels() {  # flax/optax etc. from <repo>/.whl, when the machine lacks t
 
 main() {
   : >"$STEPS"
-  rm -f "$OUT"/{nvidia-smi.txt,build.log,tests.log,tests.xml,train.json,train.log,ring.json,ring.md,bench.log,summary.md,summary.json}
+  rm -f "$OUT"/{nvidia-smi.txt,build.log,tests.xml,summary.md,summary.json}
   RUNDIR=$(mktemp -d "${TMPDIR:-/tmp}/jaxattn_multi_gpu.XXXXXX")
-  export GPU_CHECK_RUNDIR="$RUNDIR"
+  PARTS="$RUNDIR/parts"
+  mkdir -p "$PARTS"
+  export GPU_CHECK_RUNDIR="$RUNDIR" PARTS
   echo "jaxattn multi_gpu_check: repo $REPO, out $OUT, TIME_BUDGET=${TIME_BUDGET}s, python $(command -v "$PY")"
   carried_wheels
 
@@ -135,12 +142,12 @@ main() {
   local pid=""
   if [[ "${SKIP_TRAIN:-0}" == 1 ]]; then record train "skipped (SKIP_TRAIN)" 0 -
   else
-    STEP_SIGNAL=TERM run_step train "$LIMIT_TRAIN" 5 >"$OUT/train.step.log" 2>&1 &
+    STEP_SIGNAL=TERM run_step train "$LIMIT_TRAIN" 5 >"$PARTS/train.step.log" 2>&1 &
     pid=$!
   fi
   if [[ "${SKIP_TESTS:-0}" == 1 ]]; then record tests "skipped (SKIP_TESTS)" 0 -
   else run_step tests "$LIMIT_TESTS" 5; fi
-  if [[ -n "$pid" ]]; then wait "$pid"; cat "$OUT/train.step.log"; fi
+  if [[ -n "$pid" ]]; then wait "$pid"; cat "$PARTS/train.step.log"; fi
 
   summarize
   local status=0
@@ -154,10 +161,13 @@ summarize() {
   "$PY" - <<'PYEOF' | tee -i "$OUT/summary.md"
 import json, os, re, xml.etree.ElementTree as ET
 
-out = os.environ["OUT"]
+out, parts = os.environ["OUT"], os.environ["PARTS"]
 def read(name):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        path = os.path.join(parts, name)
     try:
-        with open(os.path.join(out, name), errors="replace") as f:
+        with open(path, errors="replace") as f:
             return f.read()
     except OSError:
         return None
