@@ -133,7 +133,9 @@ def backward_kernel(plan: _Plan, reference_backward=_reference_backward):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _flash(q, k, v, extras, plan: _Plan):
     # extras: the plan's mask operands (plan.extra_names()), a tuple of arrays.
-    return sharding.partitioned_forward(forward_kernel(plan), q, k, v, extras, plan.extra_kinds())
+    from .ring import auto  # noqa: PLC0415 - jaxattn.ring imports this module
+    return sharding.partitioned_forward(forward_kernel(plan), q, k, v, extras, plan.extra_kinds(),
+                                        auto.forward_rule(plan))
 
 
 def _flash_fwd(q, k, v, extras, plan: _Plan):
@@ -157,9 +159,10 @@ def _flash_bwd(plan: _Plan, residuals, cotangents):
         dlse = jnp.zeros(lse.shape, jnp.float32)
     local = backward_kernel(plan)
     extra_out = (plan.bias_kind,) if plan.bias_grad else ()
+    from .ring import auto  # noqa: PLC0415 - jaxattn.ring imports this module
     grads = sharding.partitioned_backward(
         local, q, k, v, out, lse, dout.astype(q.dtype), dlse.astype(jnp.float32), extras, plan.extra_kinds(),
-        extra_out,
+        extra_out, auto.backward_rule(plan),
     )
     dq, dk, dv = grads[:3]
     # Integer and boolean operands have no cotangent; the bias has dbias.

@@ -1,4 +1,4 @@
-"""Sharding rules of the attention kernels: batch and heads shard, nothing else.
+"""Sharding rules of the attention kernels: batch and heads shard locally, the sequence runs a ring.
 
 Without a rule, XLA's SPMD partitioner treats a custom call as opaque and
 all-gathers its operands. Here each kernel call (forward and backward) is
@@ -11,9 +11,12 @@ with sharded inputs, every device runs the kernel on its own shard:
   exactly the groups of that shard's key/value heads, so heads sharded over
   mesh axes of total size ``d`` need ``K % d == 0`` and the key/value heads
   sharded over the same axes;
-* the sequence dimensions ``T``/``S`` and the head dimension ``H`` never shard
-  (sequence sharding is ``jaxattn.ring_attention``, inside shard_map): an operand sharded
-  there raises instead of being gathered silently.
+* the sequence dimensions ``T``/``S`` shard together over the same mesh axes:
+  each device then runs the caller's ``SequenceRule`` function (ring attention,
+  jaxattn/ring/auto.py) with those axes bound, so it may use collectives
+  (``ppermute``) over them; calls the ring cannot take (masks) raise;
+* the head dimension ``H`` never shards: an operand sharded there raises
+  instead of being gathered silently.
 
 Both partitioners are covered: Shardy uses the einsum-like ``sharding_rule``
 (with ``N`` the compound factor ``(k g)``), GSPMD the
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -75,13 +79,33 @@ _BWD_NAMES = ("query", "key", "value", "out", "lse", "dout", "dlse")
 _CHECKED = 3  # q, k, v are validated; the other operands are resharded to match
 
 
-def _forbidden(kind: str, e: int):
+def _seq_name(kind: str, e: int) -> str:
+    return f"sequence dimension {'T' if kind == _Q else 'S'} (dim {e + 1})"
+
+
+def _forbidden(kind: str, e: int, seq_ok: bool):
     """The dimensions of a `kind` operand that may not shard: (index, description)."""
-    seq = "T" if kind == _Q else "S"
-    dims = [(e + 1, f"sequence dimension {seq} (dim {e + 1})")]
+    dims = [] if seq_ok else [(e + 1, _seq_name(kind, e))]
     if kind != _LSE:
         dims.append((e + 3, f"head dimension H (dim {e + 3})"))
     return dims
+
+
+class SequenceRule(NamedTuple):
+    """What runs when the sequence dimensions (T and S) are sharded over mesh axes.
+
+    ``make(axes)`` returns the per-device function (same operands and results
+    as the kernel's, on the local shards) that runs with the sequence sharded
+    over the mesh axes ``axes`` (ring attention: jaxattn/ring/auto.py); it may
+    use collectives over those axes. ``None`` with ``why_not`` saying why a
+    sequence-sharded call cannot run (e.g. masks the ring does not take).
+    """
+
+    make: Callable[[tuple[str, ...]], Callable] | None
+    why_not: str = ""
+
+
+NO_SEQUENCE = SequenceRule(None, "")
 
 
 # ---------------------------------------------------------------------------
@@ -179,17 +203,33 @@ def _fmt(axes) -> str:
     return ", ".join(repr(a) for a in axes)
 
 
-def _choose(mesh, arg_shapes, names, *, strict: bool):
-    """(per-batch-dim axes, head axes) to run with, from the operands' shardings.
+def _forbidden_message(name: str, what: str, axes, seq_rule: SequenceRule) -> str:
+    if "sequence" in what and seq_rule.why_not:
+        return (f"jaxattn.flash_attention: the {name}'s {what} is sharded over mesh axis {_fmt(axes)}, "
+                f"which would run ring attention, but {seq_rule.why_not}. Replicate the sequence "
+                "dimension, or shard the batch or heads instead.")
+    dims = ("batch (B), head (N, K) and sequence (T, S: ring attention)" if seq_rule.make
+            else "batch (B) and head (N, K)")
+    hint = "" if seq_rule.make else " (for a sharded sequence call jaxattn.ring_attention inside jax.shard_map)"
+    return (f"jaxattn.flash_attention: the {name}'s {what} is sharded over mesh axis {_fmt(axes)}; only the "
+            f"{dims} dimensions can be sharded{hint}. Replicate that dimension, e.g. "
+            "PartitionSpec('batch', None, 'heads', None).")
+
+
+def _choose(mesh, arg_shapes, names, *, strict: bool, seq_rule: SequenceRule = NO_SEQUENCE):
+    """(per-batch-dim axes, head axes, sequence axes) to run with, from the operands' shardings.
 
     The query decides; the key/value follow (or decide where the query is not
     sharded on that dimension). With ``strict``, shardings that cannot run
-    locally raise: sequence or head-dim sharding (NotImplementedError), heads
-    that do not split into whole GQA groups (ValueError).
+    locally raise: head-dim sharding, or sequence sharding without a usable
+    `seq_rule` (NotImplementedError); heads that do not split into whole GQA
+    groups, or query and key/value sequences sharded over different mesh axes
+    (ValueError).
     """
     q, k = arg_shapes[0], arg_shapes[1]
     e = len(q.shape) - 4
     N, K = q.shape[-2], k.shape[-2]
+    seq_ok = seq_rule.make is not None
     specs = []
     for i, (x, kind) in enumerate(zip(arg_shapes[:_CHECKED], (_Q, _KV, _KV))):
         dims = _spec_dims(x.sharding, len(x.shape))
@@ -205,16 +245,33 @@ def _choose(mesh, arg_shapes, names, *, strict: bool):
         dims = [tuple(a for a in axes if mesh.shape[a] > 1) for axes in dims]
         specs.append(dims)
         if strict:
-            for d, what in _forbidden(kind, e):
+            for d, what in _forbidden(kind, e, seq_ok):
                 if dims[d]:
-                    raise NotImplementedError(
-                        f"jaxattn.flash_attention: the {names[i]}'s {what} is sharded over "
-                        f"mesh axis {_fmt(dims[d])}; only the batch (B) and head (N, K) "
-                        "dimensions can be sharded (for a sharded sequence call "
-                        "jaxattn.ring_attention inside jax.shard_map). Replicate that dimension, "
-                        "e.g. PartitionSpec('batch', None, 'heads', None)."
+                    raise NotImplementedError(_forbidden_message(names[i], what, dims[d], seq_rule))
+    # The sequence (ring attention): T and S over the same axes, the query decides.
+    seq = ()
+    if seq_ok:
+        seq = next((dims[e + 1] for dims in specs if dims[e + 1]), ())
+        if strict:
+            for name, dims, kind in zip(names, specs, (_Q, _KV, _KV)):
+                if dims[e + 1] and dims[e + 1] != seq:
+                    raise ValueError(
+                        f"jaxattn.flash_attention: the {name}'s {_seq_name(kind, e)} is sharded over "
+                        f"mesh axis {_fmt(dims[e + 1])} but the {names[0]}'s over {_fmt(seq)}; ring "
+                        "attention needs the query's and the key/value's sequence sharded over the "
+                        "same mesh axes (in the same order)."
                     )
-    used: set = set()
+    if strict and seq:
+        d = _axis_size(mesh, seq)
+        T, S = q.shape[e + 1], k.shape[e + 1]
+        if T % d or S % d:
+            raise ValueError(
+                f"jaxattn.flash_attention: the sequence is sharded over mesh axis {_fmt(seq)} of size "
+                f"{d}, but the query's T={T} or the key/value's S={S} is not divisible by {d} (XLA "
+                "would pad the shards, and ring attention would attend the padding). Use lengths "
+                f"divisible by {d}."
+            )
+    used: set = set(seq)
     batch = []
     for i in range(e + 1):
         axes = ()
@@ -253,7 +310,7 @@ def _choose(mesh, arg_shapes, names, *, strict: bool):
                     f"{_fmt(heads) or 'no mesh axis'}; query and key/value heads must be "
                     "sharded over the same mesh axes, with K divisible by their size."
                 )
-    return batch, heads
+    return batch, heads, seq
 
 
 def _entry(axes):
@@ -262,11 +319,11 @@ def _entry(axes):
     return axes[0] if len(axes) == 1 else tuple(axes)
 
 
-def _shardings(mesh, kinds, batch, heads):
+def _shardings(mesh, kinds, batch, heads, seq=()):
     b = [_entry(a) for a in batch]
-    n = _entry(heads)
-    specs = {_Q: P(*b, None, n, None), _KV: P(*b, None, n, None), _LSE: P(*b, None, n), _LEN: P(*b),
-             _SEGQ: P(*b, None), _SEGK: P(*b, None)}
+    n, t = _entry(heads), _entry(seq)
+    specs = {_Q: P(*b, t, n, None), _KV: P(*b, t, n, None), _LSE: P(*b, t, n), _LEN: P(*b),
+             _SEGQ: P(*b, t), _SEGK: P(*b, t)}
 
     def spec(kind):
         if not _is_dense(kind):
@@ -315,24 +372,30 @@ def _summing(run, kinds_out, batch, heads):
     return summed
 
 
-def _make(local_fn, kinds_in, kinds_out, names):
+def _per_device(local_fn, seq_rule: SequenceRule, seq):
+    """The function each device runs: the kernel, or with a sharded sequence `seq_rule`'s."""
+    return seq_rule.make(seq) if seq else local_fn
+
+
+def _make(local_fn, kinds_in, kinds_out, names, seq_rule):
     """custom_partitioning(local_fn) with this module's rules."""
     run = _folding(local_fn, kinds_in, kinds_out)
     cp = custom_partitioning(run)
 
     def infer(mesh, arg_shapes, result_shape):
         del result_shape
-        batch, heads = _choose(mesh, arg_shapes, names, strict=False)
-        return _shardings(mesh, kinds_out, batch, heads)
+        batch, heads, seq = _choose(mesh, arg_shapes, names, strict=False, seq_rule=seq_rule)
+        return _shardings(mesh, kinds_out, batch, heads, seq)
 
     def partition(mesh, arg_shapes, result_shape):
         del result_shape
-        batch, heads = _choose(mesh, arg_shapes, names, strict=True)
+        batch, heads, seq = _choose(mesh, arg_shapes, names, strict=True, seq_rule=seq_rule)
+        fn = _folding(_per_device(local_fn, seq_rule, seq), kinds_in, kinds_out)
         return (
             mesh,
-            _summing(run, kinds_out, batch, heads),
-            _shardings(mesh, kinds_out, batch, heads),
-            _shardings(mesh, kinds_in, batch, heads),
+            _summing(fn, kinds_out, batch, heads),
+            _shardings(mesh, kinds_out, batch, heads, seq),
+            _shardings(mesh, kinds_in, batch, heads, seq),
         )
 
     cp.def_partition(
@@ -438,59 +501,61 @@ class _Typed:
         self.sharding = getattr(jax.typeof(x), "sharding", None)
 
 
-def _explicit(mesh, local_fn, kinds_in, kinds_out, names, args):
+def _explicit(mesh, local_fn, kinds_in, kinds_out, names, seq_rule, args):
     """Explicit-sharding mode: shardings are types, so decide (and raise) now and
     run the kernel under shard_map over the mesh's Explicit axes."""
-    batch, heads = _choose(mesh, [_Typed(a) for a in args], names, strict=True)
-    in_specs = tuple(s.spec for s in _shardings(mesh, kinds_in, batch, heads))
-    out_specs = tuple(s.spec for s in _shardings(mesh, kinds_out, batch, heads))
+    batch, heads, seq = _choose(mesh, [_Typed(a) for a in args], names, strict=True, seq_rule=seq_rule)
+    in_specs = tuple(s.spec for s in _shardings(mesh, kinds_in, batch, heads, seq))
+    out_specs = tuple(s.spec for s in _shardings(mesh, kinds_out, batch, heads, seq))
     explicit = frozenset(
         n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == jax.sharding.AxisType.Explicit
     )
     args = [jax.sharding.reshard(a, sp) for a, sp in zip(args, in_specs)]
-    local_fn = _summing(local_fn, kinds_out, batch, heads)
+    local_fn = _summing(_per_device(local_fn, seq_rule, seq), kinds_out, batch, heads)
     fn = jax.shard_map(local_fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=explicit)
     return tuple(fn(*args))
 
 
-def _wrapped(local_fn, kinds_in, kinds_out, names):
+def _wrapped(local_fn, kinds_in, kinds_out, names, seq_rule):
     mesh = _explicit_mesh()
     if mesh is not None:
-        return lambda *args: _explicit(mesh, local_fn, kinds_in, kinds_out, names, args)
+        return lambda *args: _explicit(mesh, local_fn, kinds_in, kinds_out, names, seq_rule, args)
     if _in_shard_map():
         # The arrays are already per-device: call the kernel directly. (With
         # every axis manual custom_partitioning would do the same; with some
         # axes left automatic its callbacks cannot name the sub-mesh, so the
         # call stays opaque and XLA replicates it along those axes.)
         return local_fn
-    return _partitioned(local_fn, kinds_in, kinds_out, names)
+    return _partitioned(local_fn, kinds_in, kinds_out, names, seq_rule)
 
 
 @functools.lru_cache(maxsize=256)
-def _partitioned(local_fn, kinds_in, kinds_out, names):
+def _partitioned(local_fn, kinds_in, kinds_out, names, seq_rule):
     # jit (inlined into an enclosing jit) so that an eager call on sharded
     # arrays is partitioned too instead of running the bare primitives; cached
     # per kernel function so eager calls reuse the executable.
-    return jax.jit(_batchable(_make(local_fn, kinds_in, kinds_out, names)), inline=True)
+    return jax.jit(_batchable(_make(local_fn, kinds_in, kinds_out, names, seq_rule)), inline=True)
 
 
-def partitioned_forward(local_fn, q, k, v, extras=(), extra_kinds=()):
+def partitioned_forward(local_fn, q, k, v, extras=(), extra_kinds=(), seq_rule=NO_SEQUENCE):
     """``local_fn(q, k, v, *extras) -> (out, lse)`` run shard by shard
     (batch/heads) under jit; ``extras`` are mask operands of ``extra_kinds``
-    ("len", "segq", "segk", or ``dense_kind(...)``)."""
+    ("len", "segq", "segk", or ``dense_kind(...)``). With the sequence sharded,
+    each device runs ``seq_rule``'s function instead (ring attention)."""
     kinds = _FWD_IN + tuple(extra_kinds)
     names = _FWD_NAMES + tuple(extra_kinds)
-    return tuple(_wrapped(local_fn, kinds, _FWD_OUT, names)(q, k, v, *extras))
+    return tuple(_wrapped(local_fn, kinds, _FWD_OUT, names, seq_rule)(q, k, v, *extras))
 
 
-def partitioned_backward(local_fn, q, k, v, out, lse, dout, dlse, extras=(), extra_kinds=(), extra_out=()):
+def partitioned_backward(local_fn, q, k, v, out, lse, dout, dlse, extras=(), extra_kinds=(), extra_out=(),
+                         seq_rule=NO_SEQUENCE):
     """``local_fn(q, k, v, out, lse, dout, dlse, *extras) -> (dq, dk, dv, *extra
     gradients)`` run shard by shard; ``extra_out`` are the kinds of the extra
-    gradients (the dense bias's)."""
+    gradients (the dense bias's); ``seq_rule`` as for ``partitioned_forward``."""
     args = (q, k, v, out, lse, dout, dlse, *extras)
     kinds = _BWD_IN + tuple(extra_kinds)
     names = _BWD_NAMES + tuple(extra_kinds)
-    grads = tuple(_wrapped(local_fn, kinds, _BWD_OUT + tuple(extra_out), names)(*args))
+    grads = tuple(_wrapped(local_fn, kinds, _BWD_OUT + tuple(extra_out), names, seq_rule)(*args))
     if _explicit_mesh() is not None:
         # custom_vjp wants each gradient typed (sharded) exactly like its input.
         primals = (q, k, v) + tuple(x for x, kd in zip(extras, extra_kinds) if kd in extra_out)

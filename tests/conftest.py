@@ -15,6 +15,36 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jaxattn  # noqa: E402
 
 
+def run_worker(script: str, out: str, argv=None, *, gpu: bool = False, timeout: int = 1800) -> dict:
+    """Runs a multi-device worker script (tests/*_worker.py: 8 simulated CPU devices,
+    or with ``gpu`` the real GPUs, ``--gpu``) in a subprocess with the arguments
+    `argv` (default: just `out`); returns the {check: {"ok", "detail", ...}} it
+    wrote to `out`, or {"__error__": its output}."""
+    import json
+    import subprocess
+
+    env = dict(os.environ)
+    if gpu:  # this process may hold most of the GPU memory already
+        env.pop("JAX_PLATFORMS", None)
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    else:
+        env["JAX_PLATFORMS"] = "cpu"
+    argv = [out] if argv is None else list(argv)
+    proc = subprocess.run([sys.executable, script, *argv] + (["--gpu"] if gpu else []),
+                          cwd=os.path.dirname(out), env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0 or not os.path.exists(out):
+        return {"__error__": proc.stdout[-4000:] + proc.stderr[-4000:]}
+    with open(out) as fh:
+        return json.load(fh)
+
+
+def gpu_count() -> int:
+    try:
+        return len(jax.devices("gpu"))
+    except RuntimeError:
+        return 0
+
+
 def has_gpu() -> bool:
     try:
         return len(jax.devices("gpu")) > 0

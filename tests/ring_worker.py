@@ -98,7 +98,7 @@ def _compiled(fn, *args):
 
 
 def check_ring(setup: Setup, *, B=2, Tl=6, Sl=None, N=4, K=2, H=16, dtype=jnp.float32, causal=False,
-               impl="cpu", with_lse=False, unbatched=False, seed=0):
+               impl="cpu", with_lse=False, unbatched=False, seed=0, **ring_kw):
     """Forward (out, lse) and gradients (dq, dk, dv) of the sharded ring against the
     float64 reference; also reports the distance to the unsharded flash_attention."""
     Sl = Tl if Sl is None else Sl
@@ -108,7 +108,7 @@ def check_ring(setup: Setup, *, B=2, Tl=6, Sl=None, N=4, K=2, H=16, dtype=jnp.fl
     if unbatched:
         q, k, v, dout, dlse = q[0], k[0], v[0], dout[0], dlse[0]
     scale = 1.0 / np.sqrt(H)
-    ring = setup.ring(is_causal=causal, implementation=impl)
+    ring = setup.ring(is_causal=causal, implementation=impl, **ring_kw)
     sq, slse = setup.spec, setup.lse_spec
     args = (setup.put(q, sq), setup.put(k, sq), setup.put(v, sq))
     cts = (setup.put(dout, sq), setup.put(dlse, slse))
@@ -244,8 +244,38 @@ def check_permute_before_kernel():
     return f"checked {checked}"
 
 
+def check_relayout(P_n):
+    """auto.to_zigzag / from_zigzag (the collective re-layout that balances causal
+    sequence-sharded flash_attention) inside shard_map: contiguous shards of the
+    natural order become exactly the shards of zigzag_permute, and back; rank 3
+    (lse) and rank 4 arrays; collective-permutes only."""
+    from jaxattn.ring import auto
+
+    setup = seq_setup(P_n, "contiguous")
+    rng = np.random.default_rng(P_n)
+    out = []
+    for shape in ((2, 4 * P_n, 3, 5), (2, 2 * P_n, 3)):
+        x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+        spec = P(None, "seq")
+        fwd = jax.jit(jax.shard_map(lambda a: auto.to_zigzag(a, "seq", P_n), mesh=setup.mesh,
+                                    in_specs=spec, out_specs=spec))
+        back = jax.jit(jax.shard_map(lambda a: auto.from_zigzag(a, "seq", P_n), mesh=setup.mesh,
+                                     in_specs=spec, out_specs=spec))
+        z = fwd(x)
+        np.testing.assert_array_equal(np.asarray(z), np.asarray(zigzag_permute(x, P_n)))
+        np.testing.assert_array_equal(np.asarray(back(z)), np.asarray(x))
+        for f in (fwd, back):
+            text = f.lower(x).compile().as_text()
+            gathers = sorted({m.group(1) for m in _GATHERS.finditer(text)})
+            assert not gathers and _PERMUTE.search(text), f"HLO: gathers {gathers}"
+        out.append(str(shape))
+    return f"exact for {', '.join(out)}"
+
+
 def checks():
     c = {}
+    for P_n in (2, 4, 8):
+        c[f"relayout_p{P_n}"] = lambda P_n=P_n: check_relayout(P_n)
     for P_n in (2, 4, 8):
         for layout in ("contiguous", "zigzag"):
             for causal in (False, True):
@@ -268,6 +298,8 @@ def checks():
         seq_setup(4, "zigzag"), Tl=6, causal=True, impl="reference", with_lse=True)
     c["p4_contiguous_causal_default_impl"] = lambda: check_ring(
         seq_setup(4, "contiguous"), Tl=6, causal=True, impl=None)
+    c["p4_zigzag_causal_no_overlap"] = lambda: check_ring(  # the measuring mode: same results
+        seq_setup(4, "zigzag"), Tl=6, causal=True, with_lse=True, overlap_communication=False)
     c["p2_zigzag_causal_unbatched"] = lambda: check_ring(
         seq_setup(2, "zigzag", unbatched=True), Tl=6, causal=True, unbatched=True)
     c["data_x_seq_zigzag_causal"] = lambda: check_ring(

@@ -1,9 +1,11 @@
 """Sharding checks on 8 simulated CPU devices, run in a subprocess by test_sharding.py.
 
-Usage: python sharding_worker.py {shardy,gspmd} OUT.json
+Usage: python sharding_worker.py {shardy,gspmd} OUT.json [--gpu] [CHECK ...]
 
 XLA_FLAGS must hold --xla_force_host_platform_device_count=8 before jax is
-imported, which is why this runs apart from the rest of the test session. Each
+imported, which is why this runs apart from the rest of the test session.
+With --gpu it runs ``gpu_checks`` instead: the CUDA kernels (default
+implementation, bf16) sharded over 2 real GPUs (a 1-D mesh, axis "model"). Each
 check records {"ok": bool, "detail": str} under its name in OUT.json; a check
 that crashes records the exception instead of stopping the others.
 """
@@ -16,10 +18,12 @@ import re
 import sys
 import traceback
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+GPU = "--gpu" in sys.argv
+if not GPU:
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -42,9 +46,9 @@ def _inputs(B, T, S, N, K, H, dtype=jnp.float32, seed=0):
     return q, k, v
 
 
-def _attn(impl, causal):
+def _attn(impl, causal, **kw):
     def f(q, k, v):
-        return jaxattn.flash_attention(q, k, v, is_causal=causal, return_residual=True, implementation=impl)
+        return jaxattn.flash_attention(q, k, v, is_causal=causal, return_residual=True, implementation=impl, **kw)
 
     return f
 
@@ -70,9 +74,10 @@ def _close(a, b, tol):
 
 
 def check_sharded(q_spec, kv_spec, *, B=4, T=32, S=48, N=8, K=8, H=32, causal=False,
-                  impl="cpu", dtype=jnp.float32):
+                  impl="cpu", dtype=jnp.float32, ring=False):
     """Forward and backward under jit with sharded inputs: same values as unsharded,
-    outputs sharded like the inputs, no gathers/slices in the compiled HLO."""
+    outputs sharded like the inputs, no gathers/slices in the compiled HLO. With
+    `ring` (sequence sharded: ring attention), collective-permutes and nothing else."""
     q, k, v = _inputs(B, T, S, N, K, H, dtype)
     qs, kvs = NamedSharding(MESH, q_spec), NamedSharding(MESH, kv_spec)
     shardings = (qs, kvs, kvs)
@@ -85,7 +90,7 @@ def check_sharded(q_spec, kv_spec, *, B=4, T=32, S=48, N=8, K=8, H=32, causal=Fa
         jitted = jax.jit(fn, in_shardings=shardings)
         text = jitted.lower(*args).compile().as_text()
         ops = _comm_ops(text)
-        if ops:
+        if ops != (["collective-permute"] if ring else []):
             return False, f"{name}: compiled HLO has {ops}"
         got = jitted(*args)
         want = jax.jit(fn)(q, k, v)  # one device, unsharded
@@ -108,11 +113,11 @@ def check_sharded(q_spec, kv_spec, *, B=4, T=32, S=48, N=8, K=8, H=32, causal=Fa
     return True, "; ".join(details)
 
 
-def check_raises(q_spec, kv_spec, *, N=8, K=8, words=(), backward=False):
+def check_raises(q_spec, kv_spec, *, N=8, K=8, words=(), backward=False, causal=False, window=None):
     """An unsupported sharding fails at compile time with our message (never a gather)."""
     q, k, v = _inputs(4, 32, 48, N, K, 32)
     qs, kvs = NamedSharding(MESH, q_spec), NamedSharding(MESH, kv_spec)
-    f = _attn("cpu", False)
+    f = _attn("cpu", causal, local_window_size=window)
     fn = jax.grad(_loss(f), argnums=(0, 1, 2)) if backward else f
     try:
         text = jax.jit(fn, in_shardings=(qs, kvs, kvs)).lower(q, k, v).compile().as_text()
@@ -177,9 +182,9 @@ def check_partial_shard_map():
     return True, "ok"
 
 
-def check_vmap(spec5):
+def check_vmap(spec5, ring=False):
     """vmap over sharded inputs: the mapped dimension shards like the batch."""
-    q, k, v = _inputs(4, 32, 48, 8, 8, 32)
+    q, k, v = _inputs(4, 32, 32 if ring else 48, 8, 8, 32)
     q, k, v = (jnp.stack([x, 2 * x]) for x in (q, k, v))
     s = NamedSharding(MESH, spec5)
     f = jax.vmap(_attn("cpu", True))
@@ -187,7 +192,7 @@ def check_vmap(spec5):
     for name, fn in (("forward", f), ("backward", g)):
         jitted = jax.jit(fn, in_shardings=(s, s, s))
         ops = _comm_ops(jitted.lower(q, k, v).compile().as_text())
-        if ops:
+        if ops != (["collective-permute"] if ring else []):
             return False, f"{name}: compiled HLO has {ops}"
         for a, b in zip(jax.tree.leaves(jitted(q, k, v)), jax.tree.leaves(jax.jit(fn)(q, k, v))):
             ok, err = _close(a, b, 1e-5)
@@ -228,13 +233,58 @@ def check_set_mesh():
     return True, "ok"
 
 
-def check_explicit(q_spec, kv_spec, *, N=8, K=8, raises=None, words=()):
+def check_seq_set_mesh():
+    """Sequence-sharded device_put inputs + set_mesh, default implementation, causal:
+    the ring runs the kernels (no gathers) and matches the unsharded result."""
+    q, k, v = _inputs(2, 32, 32, 8, 4, 32)
+    s = NamedSharding(MESH, P("data", "model"))
+    f = lambda q, k, v: jaxattn.flash_attention(q, k, v, is_causal=True)  # noqa: E731
+    g = jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), argnums=(0, 1, 2))
+    with jax.sharding.set_mesh(MESH):
+        args = [jax.device_put(x, s) for x in (q, k, v)]
+        for name, fn in (("forward", f), ("backward", g)):
+            text = jax.jit(fn).lower(*args).compile().as_text()
+            ops = _comm_ops(text)
+            if ops != ["collective-permute"]:
+                return False, f"{name}: compiled HLO has {ops}"
+            if "jaxattn_cpu" not in text:
+                return False, f"{name}: no kernel call in the HLO"
+            for a, b in zip(jax.tree.leaves(jax.jit(fn)(*args)), jax.tree.leaves(fn(q, k, v))):
+                ok, err = _close(a, b, 1e-5)
+                if not ok:
+                    return False, f"{name}: max error {err:.3g}"
+    return True, "ok"
+
+
+def check_seq_one_side(q_spec, kv_spec):
+    """Only the query's (or only the key/value's) sequence sharded: the other side is
+    sliced locally to match (a dynamic-slice) and the ring runs. (Results and
+    gradients of the unsharded side may be gathered to the layout XLA picks for
+    them, e.g. Shardy makes the gradient of a replicated input replicated, so the
+    HLO may hold an all-gather here.)"""
+    q, k, v = _inputs(4, 32, 32, 8, 8, 32)
+    qs, kvs = NamedSharding(MESH, q_spec), NamedSharding(MESH, kv_spec)
+    f = _attn("cpu", True)
+    g = jax.grad(_loss(f), argnums=(0, 1, 2))
+    for name, fn in (("forward", f), ("backward", g)):
+        jitted = jax.jit(fn, in_shardings=(qs, kvs, kvs))
+        ops = _comm_ops(jitted.lower(q, k, v).compile().as_text())
+        if "collective-permute" not in ops:
+            return False, f"{name}: no ring; compiled HLO has {ops}"
+        for a, b in zip(jax.tree.leaves(jitted(q, k, v)), jax.tree.leaves(jax.jit(fn)(q, k, v))):
+            ok, err = _close(a, b, 1e-5)
+            if not ok:
+                return False, f"{name}: max error {err:.3g}"
+    return True, f"ops {ops}"
+
+
+def check_explicit(q_spec, kv_spec, *, N=8, K=8, raises=None, words=(), ring=False):
     """Explicit-sharding mesh (shardings are types): runs under shard_map, or raises
     the real exception at trace time."""
     from jax.sharding import AxisType
 
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
-    q, k, v = _inputs(4, 32, 48, N, K, 32)
+    q, k, v = _inputs(4, 32, 32 if ring else 48, N, K, 32)
     f = _attn(None, True)
     g = jax.grad(_loss(f), argnums=(0, 1, 2))
     want = [f(q, k, v), g(q, k, v)]
@@ -251,7 +301,7 @@ def check_explicit(q_spec, kv_spec, *, N=8, K=8, raises=None, words=()):
         for name, fn, w in (("forward", f, want[0]), ("backward", g, want[1])):
             jitted = jax.jit(fn)
             ops = _comm_ops(jitted.lower(*args).compile().as_text())
-            if ops:
+            if ops != (["collective-permute"] if ring else []):
                 return False, f"{name}: compiled HLO has {ops}"
             got = jitted(*args)
             for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(w)):
@@ -317,16 +367,38 @@ def checks():
         P("data", None, "model"), P("data", None, "model"), causal=True, impl="reference")
     c["default_impl_set_mesh"] = check_set_mesh
 
-    c["raises_seq_q"] = lambda: check_raises(
-        P(None, "model"), P(), words=("NotImplementedError", "sequence dimension T", "'model'"))
-    c["raises_seq_kv"] = lambda: check_raises(
-        P(), P(None, "data"), words=("NotImplementedError", "sequence dimension S", "'data'"))
+    # Sequence sharding: ring attention over the sequence axes (jaxattn/ring/auto.py).
+    c["seq"] = lambda: check_sharded(P(None, "model"), P(None, "model"), ring=True)  # T=32, S=48
+    c["seq_causal_gqa"] = lambda: check_sharded(
+        P(None, "model"), P(None, "model"), S=32, N=8, K=2, causal=True, ring=True)
+    c["seq_causal_odd_local"] = lambda: check_sharded(  # 7 tokens a device: the contiguous ring
+        P(None, "model"), P(None, "model"), T=28, S=28, causal=True, ring=True)
+    c["seq_causal_mqa_bf16"] = lambda: check_sharded(
+        P(None, "model"), P(None, "model"), S=32, N=4, K=1, causal=True, ring=True, dtype=jnp.bfloat16)
+    c["seq_over_8_causal"] = lambda: check_sharded(
+        P(None, ("data", "model")), P(None, ("data", "model")), T=64, S=64, causal=True, ring=True)
+    c["batch_seq_causal"] = lambda: check_sharded(
+        P("data", "model"), P("data", "model"), S=32, causal=True, ring=True)
+    c["heads_seq_gqa_causal"] = lambda: check_sharded(
+        P(None, "model", "data"), P(None, "model", "data"), S=32, N=8, K=2, causal=True, ring=True)
+    c["seq_default_impl_set_mesh"] = check_seq_set_mesh
+    c["seq_q_only"] = lambda: check_seq_one_side(P(None, "model"), P())
+    c["seq_kv_only"] = lambda: check_seq_one_side(P(), P(None, "data"))
+    c["vmap_seq"] = lambda: check_vmap(P(None, "data", "model"), ring=True)
+    c["raises_seq_mismatch"] = lambda: check_raises(
+        P(None, "model"), P(None, "data"), words=("ValueError", "sequence dimension S", "'data'", "'model'"))
+    c["raises_seq_causal_cross"] = lambda: check_raises(
+        P(None, "model"), P(None, "model"), causal=True,
+        words=("NotImplementedError", "is_causal", "T=32 and S=48"))
+    c["raises_seq_window"] = lambda: check_raises(
+        P(None, "model"), P(None, "model"), window=4,
+        words=("NotImplementedError", "sequence dimension T", "ring attention does not take local_window_size"))
     c["raises_head_dim"] = lambda: check_raises(
         P(None, None, None, "model"), P(None, None, None, "model"),
         words=("NotImplementedError", "head dimension H", "'model'"))
     c["raises_seq_backward"] = lambda: check_raises(
-        P("data", "model"), P("data"), words=("NotImplementedError", "sequence dimension T", "'model'"),
-        backward=True)
+        P("data", "model"), P("data", "model"), window=4, backward=True,
+        words=("NotImplementedError", "sequence dimension T", "'model'", "ring attention does not take"))
     c["raises_gqa_split"] = lambda: check_raises(
         P(None, None, "model"), P(), N=8, K=2, words=("ValueError", "'model'", "K % 4"))
     c["raises_mqa_split"] = lambda: check_raises(
@@ -345,22 +417,44 @@ def checks():
         P("data", None, "model", None), P("data", None, "model", None))
     c["explicit_gqa"] = lambda: check_explicit(
         P("model", None, "data", None), P("model", None, "data", None), N=8, K=2)
-    c["explicit_raises_seq"] = lambda: check_explicit(
-        P(None, "model"), P(), raises=NotImplementedError, words=("sequence dimension T", "'model'"))
+    c["explicit_seq_causal"] = lambda: check_explicit(
+        P(None, "model", None, None), P(None, "model", None, None), ring=True)
+    c["explicit_raises_seq_mismatch"] = lambda: check_explicit(
+        P(None, "model"), P(None, "data"), raises=ValueError, words=("sequence dimension S", "'data'"))
     c["explicit_raises_gqa_split"] = lambda: check_explicit(
         P(None, None, "model"), P(), N=8, K=2, raises=ValueError, words=("'model'", "K % 4"))
     return c
 
 
+def gpu_checks():
+    """Batch, heads and sequence (ring) sharding over 2 GPUs with the CUDA kernels."""
+    kw = dict(impl=None, dtype=jnp.bfloat16, B=2, N=8, K=4, H=64)
+    return {
+        "gpu_batch_causal": lambda: check_sharded(P("model"), P("model"), T=256, S=256, causal=True, **kw),
+        "gpu_heads_gqa_causal": lambda: check_sharded(
+            P(None, None, "model"), P(None, None, "model"), T=256, S=256, causal=True, **kw),
+        "gpu_seq_causal_gqa": lambda: check_sharded(
+            P(None, "model"), P(None, "model"), T=1024, S=1024, causal=True, ring=True, **kw),
+        "gpu_seq_cross": lambda: check_sharded(P(None, "model"), P(None, "model"), T=512, S=384, ring=True, **kw),
+        "gpu_seq_causal_odd_local": lambda: check_sharded(  # 257 tokens a device: the contiguous ring
+            P(None, "model"), P(None, "model"), T=514, S=514, causal=True, ring=True, **kw),
+    }
+
+
 def main():
     global MESH
-    partitioner, out_path = sys.argv[1], sys.argv[2]
+    args = [a for a in sys.argv[1:] if a != "--gpu"]
+    partitioner, out_path = args[0], args[1]
     jax.config.update("jax_use_shardy_partitioner", partitioner == "shardy")
-    assert jax.device_count() == 8, jax.devices()
-    MESH = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
-    only = set(sys.argv[3:])
+    if GPU:
+        assert len(jax.devices("gpu")) >= 2, jax.devices()
+        MESH = Mesh(np.array(jax.devices("gpu")[:2]), ("model",))
+    else:
+        assert jax.device_count() == 8, jax.devices()
+        MESH = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    only = set(args[2:])
     results = {}
-    for name, fn in checks().items():
+    for name, fn in (gpu_checks() if GPU else checks()).items():
         if only and name not in only:
             continue
         try:

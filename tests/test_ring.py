@@ -9,10 +9,7 @@ in-process. See docs/sharding.md.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +19,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxattn
 import reference64
-from conftest import CUDA_READY, assert_close, plain_attention, random_inputs
+from conftest import CUDA_READY, assert_close, gpu_count, plain_attention, random_inputs, run_worker
 from jaxattn.ring import layout as ring_layout
 from jaxattn.ring import zigzag_indices, zigzag_permute, zigzag_unpermute
 
@@ -40,6 +37,7 @@ CHECKS = [
     "p4_zigzag_causal_lse_grad",
     "p4_zigzag_causal_reference_impl",
     "p4_contiguous_causal_default_impl",
+    "p4_zigzag_causal_no_overlap",
     "p2_zigzag_causal_unbatched",
     "data_x_seq_zigzag_causal",
     "heads_x_seq_gqa_zigzag_causal",
@@ -49,6 +47,9 @@ CHECKS = [
     "raises_unbound_axis",
     "memory_flat_in_devices",
     "permute_before_kernel",
+    "relayout_p2",
+    "relayout_p4",
+    "relayout_p8",
 ]
 
 _results: dict = {}
@@ -56,19 +57,7 @@ _results: dict = {}
 
 def _worker(tmp_dir, gpu: bool = False) -> dict:
     """Runs ring_worker.py (8 simulated CPU devices, or the GPUs) and returns its results."""
-    out = os.path.join(str(tmp_dir), "ring_gpu.json" if gpu else "ring.json")
-    env = dict(os.environ)
-    if gpu:  # this process may hold most of the GPU memory already
-        env.pop("JAX_PLATFORMS", None)
-        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    else:
-        env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run([sys.executable, WORKER, out] + (["--gpu"] if gpu else []), cwd=str(tmp_dir),
-                          env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0 or not os.path.exists(out):
-        return {"__error__": proc.stdout[-4000:] + proc.stderr[-4000:]}
-    with open(out) as fh:
-        return json.load(fh)
+    return run_worker(WORKER, os.path.join(str(tmp_dir), "ring_gpu.json" if gpu else "ring.json"), gpu=gpu)
 
 
 def _run_worker(tmp_dir) -> dict:
@@ -96,15 +85,8 @@ def test_ring_8_devices(check, worker_dir):
     assert res[check]["ok"], res[check]["detail"]
 
 
-def _gpu_count() -> int:
-    try:
-        return len(jax.devices("gpu"))
-    except RuntimeError:
-        return 0
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA_READY or _gpu_count() < 2, reason="needs 2+ CUDA GPUs and the CUDA kernels")
+@pytest.mark.skipif(not CUDA_READY or gpu_count() < 2, reason="needs 2+ CUDA GPUs and the CUDA kernels")
 def test_ring_gpus(tmp_path):
     """The CUDA kernels in the ring on the real GPUs (ring_worker.gpu_checks)."""
     res = _worker(tmp_path, gpu=True)

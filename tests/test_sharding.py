@@ -8,16 +8,14 @@ own test. See docs/sharding.md.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import jaxattn
+from conftest import CUDA_READY, gpu_count, run_worker
 from jaxattn import sharding
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sharding_worker.py")
@@ -32,8 +30,20 @@ CHECKS = [
     "bf16_batch_heads",
     "reference_impl",
     "default_impl_set_mesh",
-    "raises_seq_q",
-    "raises_seq_kv",
+    "seq",
+    "seq_causal_gqa",
+    "seq_causal_odd_local",
+    "seq_causal_mqa_bf16",
+    "seq_over_8_causal",
+    "batch_seq_causal",
+    "heads_seq_gqa_causal",
+    "seq_default_impl_set_mesh",
+    "seq_q_only",
+    "seq_kv_only",
+    "vmap_seq",
+    "raises_seq_mismatch",
+    "raises_seq_causal_cross",
+    "raises_seq_window",
     "raises_head_dim",
     "raises_seq_backward",
     "raises_gqa_split",
@@ -49,7 +59,8 @@ CHECKS = [
     "eager_and_size1_axis",
     "explicit_batch_heads",
     "explicit_gqa",
-    "explicit_raises_seq",
+    "explicit_seq_causal",
+    "explicit_raises_seq_mismatch",
     "explicit_raises_gqa_split",
 ]
 
@@ -59,18 +70,7 @@ _results: dict[str, dict] = {}
 def _run_worker(partitioner: str, tmp_dir) -> dict:
     if partitioner not in _results:
         out = os.path.join(str(tmp_dir), f"sharding_{partitioner}.json")
-        env = dict(os.environ)
-        env.pop("JAX_PLATFORMS", None)
-        env["JAX_PLATFORMS"] = "cpu"
-        proc = subprocess.run(
-            [sys.executable, WORKER, partitioner, out],
-            cwd=str(tmp_dir), env=env, capture_output=True, text=True, timeout=900,
-        )
-        if proc.returncode != 0 or not os.path.exists(out):
-            _results[partitioner] = {"__error__": proc.stdout[-4000:] + proc.stderr[-4000:]}
-        else:
-            with open(out) as fh:
-                _results[partitioner] = json.load(fh)
+        _results[partitioner] = run_worker(WORKER, out, (partitioner, out), timeout=900)
     return _results[partitioner]
 
 
@@ -93,6 +93,18 @@ def test_sharded(partitioner, check, worker_dir):
     assert "__error__" not in res, res.get("__error__")
     assert check in res, f"the worker did not run {check}"
     assert res[check]["ok"], res[check]["detail"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_READY or gpu_count() < 2, reason="needs 2+ CUDA GPUs and the CUDA kernels")
+@pytest.mark.parametrize("partitioner", PARTITIONERS)
+def test_sharded_gpus(partitioner, tmp_path):
+    """Batch, heads and sequence (ring) sharding on 2 real GPUs (sharding_worker.gpu_checks)."""
+    out = str(tmp_path / f"sharding_gpu_{partitioner}.json")
+    res = run_worker(WORKER, out, (partitioner, out), gpu=True, timeout=900)
+    assert "__error__" not in res, res.get("__error__")
+    failed = {k: v["detail"] for k, v in res.items() if not v["ok"]}
+    assert len(res) == 5 and not failed, failed
 
 
 # --- In-process checks (one device): the single-device path is unchanged. ---
@@ -120,3 +132,24 @@ def test_shardy_rule_strings(N, K, expected_heads, sizes):
     assert got_sizes == sizes
     rule, _ = sharding._rule_string(sharding._BWD_IN, sharding._BWD_OUT, 1, N, K)
     assert rule.startswith("b0 b1 t ") and rule.endswith("-> b0 b1 t " + n + " h, b0 b1 s k h, b0 b1 s k h")
+
+
+@pytest.mark.parametrize("T,S", [(30, 32), (32, 30)])
+def test_uneven_sequence_sharding_raises(T, S):
+    """A sequence not divisible by the devices would reach the partition callback
+    padded (jit's in_shardings refuse it, XLA's propagation need not): the ring
+    would attend the padding, so the rule raises."""
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+
+    mesh = AbstractMesh((4,), ("model",))
+
+    class Arg:
+        def __init__(self, shape):
+            self.shape, self.sharding = shape, NamedSharding(mesh, P(None, "model"))
+
+    args = [Arg((2, T, 8, 16)), Arg((2, S, 8, 16)), Arg((2, S, 8, 16))]
+    rule = sharding.SequenceRule(lambda axes: None)
+    with pytest.raises(ValueError, match=f"T={T} or the key/value's S={S} is not divisible by 4"):
+        sharding._choose(mesh, args, ("query", "key", "value"), strict=True, seq_rule=rule)
+    args = [Arg((2, 32, 8, 16))] * 3  # divisible: the ring runs over 'model'
+    assert sharding._choose(mesh, args, ("query", "key", "value"), strict=True, seq_rule=rule)[2] == ("model",)

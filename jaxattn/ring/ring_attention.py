@@ -49,6 +49,9 @@ class _Ring:
     seqlen_q: int  # local T/P
     seqlen_kv: int  # local S/P
     plan: _Plan
+    # False: every transfer waits for the previous step's kernels (nothing
+    # overlaps), to measure what the overlap saves.
+    overlap: bool = True
 
     def blocks(self, held: str):
         return step_blocks(self.layout, self.plan.is_causal, self.seqlen_q, self.seqlen_kv, held)
@@ -74,6 +77,13 @@ def _ring_loop(ring: _Ring, kv, first, step_fn):
     the previous step (its ppermute issued before that step's kernels). Steps
     1..P-2 run in a fori_loop, which keeps two key/value blocks live."""
     P = ring.size
+    if not ring.overlap:
+        state = first()
+        for step in range(1, P):
+            kv, state = jax.lax.optimization_barrier((kv, state))  # the send waits for the kernels
+            kv = ring.send(kv)
+            state = step_fn(step, kv, state)
+        return state
     nxt = ring.send(kv) if P > 1 else None
     state = first()
     if P == 1:
@@ -114,10 +124,15 @@ def _backward(ring: _Ring, q, k, v, out, lse, dout, dlse):
 
     def step(s, kv, state):
         dkv, dq = state
-        # The previous block's accumulator travels on to where that block is
-        # now; this step's kernels do not wait for it.
-        arrived = ring.send(dkv)
-        dq, new = ring.per_step(s, grads, kv, dq)
+        if ring.overlap:
+            # The previous block's accumulator travels on to where that block is
+            # now; this step's kernels do not wait for it.
+            arrived = ring.send(dkv)
+            dq, new = ring.per_step(s, grads, kv, dq)
+        else:
+            dq, new = ring.per_step(s, grads, kv, dq)
+            dkv, new = jax.lax.optimization_barrier((dkv, new))
+            arrived = ring.send(dkv)
         return jax.tree.map(jnp.add, arrived, new), dq
 
     dkv, dq = _ring_loop(ring, (k, v), first, step)
@@ -173,6 +188,7 @@ def ring_attention(
     layout: str = "contiguous",
     return_residual: bool = False,
     implementation: str | None = None,
+    overlap_communication: bool = True,
 ):
     """Ring attention (context parallelism), called inside ``jax.shard_map``.
 
@@ -199,6 +215,10 @@ def ring_attention(
       return_residual: also return this device's rows of the logsumexp
         (natural log, float32 ``[B, T/P, N]``).
       implementation: as for ``flash_attention`` (the per-block kernel).
+      overlap_communication: ``True`` (default) issues each step's transfers
+        before its kernels so that they overlap; ``False`` makes every
+        transfer wait for the previous step's kernels (same results; for
+        measuring what the overlap saves, e.g. benchmarks/ring.py).
 
     Raises ``ValueError`` for an unbound `axis_name`, an unknown `layout`,
     causal attention with ``T != S``, or an odd local length with
@@ -230,7 +250,8 @@ def ring_attention(
     else:
         plan = _Plan(scale=spec.scale, is_causal=spec.is_causal, implementation=implementation,
                      cuda_ok=dispatch.cuda_unsupported_reason(spec) is None)
-        ring = _Ring(axis_name=axis_name, size=P, layout=layout, seqlen_q=Tl, seqlen_kv=Sl, plan=plan)
+        ring = _Ring(axis_name=axis_name, size=P, layout=layout, seqlen_q=Tl, seqlen_kv=Sl, plan=plan,
+                     overlap=bool(overlap_communication))
         out, lse = _ring(ring, query, key, value)
     if unbatched:
         out, lse = out[0], lse[0]
