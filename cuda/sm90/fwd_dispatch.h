@@ -16,15 +16,18 @@ namespace jaxattn::sm90 {
 // kDefault: the measured best for the head dim (see default_variant).
 // kOverlap3: kOverlap with three consumer warpgroups (192-row tiles) at head dim 64;
 // the same as kOverlap at other head dims.
+// kPersistent: the default schedule on a persistent grid (one CTA per SM looping
+// over the tiles, the next tile's loads overlapping this one's epilogue).
 enum class FwdVariant : int {
   kOverlap = 0,
   kSerial = 1,
   kOverlapPingpong = 2,
   kSerialPingpong = 3,
   kOverlap3 = 4,
-  kDefault = 5
+  kPersistent = 5,
+  kDefault = 6
 };
-constexpr int kNumFwdVariants = 5;  // the explicit ones
+constexpr int kNumFwdVariants = 6;  // the explicit ones
 
 // Launches the forward for one head dim / element type; `p` already validated.
 template <int kHeadDim, typename Elem>

@@ -3,8 +3,8 @@
 //
 // Threads: warpgroup 0 = producer (setmaxnreg.dec to 24; one thread issues every
 // TMA load), warpgroups 1..2 = consumers (setmaxnreg.inc to 240; wgmma + softmax
-// + epilogue on 64 query rows each). The tile comes from a trivial scheduler
-// (blockIdx); a persistent scheduler would loop over FwdTile values here.
+// + epilogue on 64 query rows each). The tile comes from blockIdx, or (persistent
+// grid) from a static round-robin over the tile list.
 #pragma once
 
 #include <cuda.h>
@@ -27,34 +27,65 @@ struct FwdParams {
   FwdArgs args;
 };
 
-// The tile of this CTA: causal grids run the longest (last) query tiles first.
+// The key blocks a tile needs (causal: up to its last row's diagonal).
+template <class Tr, bool kCausal>
+__device__ __forceinline__ int fwd_tile_key_blocks(const FwdArgs& a, int m_block) {
+  int n_blocks = (a.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  if (kCausal) {
+    const int last_row = min(m_block * Tr::kBlockM + Tr::kBlockM - 1, a.seqlen_q - 1);
+    n_blocks = min(n_blocks, last_row / Tr::kBlockN + 1);
+  }
+  return n_blocks;
+}
+
+// Tile number `idx` of the (query tiles x heads x batch) grid. Causal grids run the
+// longest (last) query tiles first: the query tile is the slowest index, reversed.
+template <class Tr, bool kCausal>
+__device__ __forceinline__ FwdTile fwd_tile(const FwdArgs& a, int idx) {
+  const int m_tiles = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int per_m = a.num_heads * a.batch;
+  FwdTile tile;
+  if (kCausal) {
+    tile.m_block = m_tiles - 1 - idx / per_m;
+    tile.head = idx % a.num_heads;
+    tile.batch = (idx % per_m) / a.num_heads;
+  } else {
+    tile.m_block = idx % m_tiles;
+    tile.head = (idx / m_tiles) % a.num_heads;
+    tile.batch = idx / (m_tiles * a.num_heads);
+  }
+  tile.n_blocks = fwd_tile_key_blocks<Tr, kCausal>(a, tile.m_block);
+  return tile;
+}
+
+// The tile of a CTA of the non-persistent grid (query tiles, heads, batch).
 template <class Tr, bool kCausal>
 __device__ __forceinline__ FwdTile fwd_tile_from_block(const FwdArgs& a) {
   FwdTile tile;
   tile.m_block = kCausal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
   tile.head = blockIdx.y;
   tile.batch = blockIdx.z;
-  int n_blocks = (a.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-  if (kCausal) {
-    const int last_row = min(tile.m_block * Tr::kBlockM + Tr::kBlockM - 1, a.seqlen_q - 1);
-    n_blocks = min(n_blocks, last_row / Tr::kBlockN + 1);
-  }
-  tile.n_blocks = n_blocks;
+  tile.n_blocks = fwd_tile_key_blocks<Tr, kCausal>(a, tile.m_block);
   return tile;
 }
 
-template <class Tr, bool kCausal, bool kOverlap, bool kPingpong>
+// kPersistent: a 1-D grid of at most one CTA per SM; CTA c runs tiles c, c + grid,
+// ... (fwd_tile order), and its producer loads the next tile's first K / V blocks
+// while the consumers finish the previous tile.
+template <class Tr, bool kCausal, bool kOverlap, bool kPingpong, bool kPersistent = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const __grid_constant__ FwdParams params) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const FwdSmem<Tr> sm{(ptx::smem_addr(smem_raw) + 1023u) & ~1023u};
   const FwdArgs& args = params.args;
-  const FwdTile tile = fwd_tile_from_block<Tr, kCausal>(args);
+  const int num_tiles = kPersistent ? ((args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM) * args.num_heads * args.batch
+                                    : 1;
 
   // Warp-uniform warpgroup index (the compiler then knows the role branch is uniform).
   const int warpgroup = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
 
   if (threadIdx.x == 0) {
     hptx::mbar_init(sm.bar_q(), 1);
+    hptx::mbar_init(sm.bar_q_empty(), Tr::kConsumerWarpgroups);
 #pragma unroll
     for (int s = 0; s < Tr::kStages; ++s) {
       hptx::mbar_init(sm.bar_k_full(s), 1);
@@ -66,14 +97,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
   }
   __syncthreads();
 
+  typename FwdMainloop<Tr>::Pipe pipe;  // K / V ring position, carried across tiles
   if (warpgroup == 0) {
     hptx::setmaxnreg_dec<Tr::kProducerRegs>();
     if (threadIdx.x == 0) {
       hptx::prefetch_tmap(&params.tm_q);
       hptx::prefetch_tmap(&params.tm_k);
       hptx::prefetch_tmap(&params.tm_v);
-      const int kv_head = tile.head / args.group;
-      FwdMainloop<Tr>::produce(&params.tm_q, &params.tm_k, &params.tm_v, sm, tile, kv_head);
+      if constexpr (kPersistent) {
+        uint32_t q_phase = 0;
+        for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
+          const FwdTile tile = fwd_tile<Tr, kCausal>(args, idx);
+          FwdMainloop<Tr>::produce(&params.tm_q, &params.tm_k, &params.tm_v, sm, tile, tile.head / args.group,
+                                   pipe, (int)q_phase);
+        }
+      } else {
+        const FwdTile tile = fwd_tile_from_block<Tr, kCausal>(args);
+        FwdMainloop<Tr>::produce(&params.tm_q, &params.tm_k, &params.tm_v, sm, tile, tile.head / args.group, pipe);
+      }
     }
   } else {
     hptx::setmaxnreg_inc<Tr::kConsumerRegs>();
@@ -81,8 +122,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
     const int tid = threadIdx.x % 128;
     float o[Tr::kHeadDim / 2];
     OnlineSoftmax<Tr::kBlockN> softmax;
-    FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong>(o, softmax, sm, tile, args, wg, tid);
-    FwdEpilogue<Tr>::store(o, softmax, &params.tm_o, sm, tile, args, wg, tid);
+    if constexpr (kPersistent) {
+      uint32_t q_phase = 0;
+      for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
+        const FwdTile tile = fwd_tile<Tr, kCausal>(args, idx);
+        FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong>(o, softmax, sm, tile, args, wg, tid, pipe,
+                                                                        q_phase);
+        FwdEpilogue<Tr>::store(o, softmax, &params.tm_o, sm, tile, args, wg, tid);
+        if (tid == 0) hptx::mbar_arrive(sm.bar_q_empty());  // (store() waited for its TMA reads)
+      }
+    } else {
+      const FwdTile tile = fwd_tile_from_block<Tr, kCausal>(args);
+      FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong>(o, softmax, sm, tile, args, wg, tid, pipe, 0);
+      FwdEpilogue<Tr>::store(o, softmax, &params.tm_o, sm, tile, args, wg, tid);
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "sm90/fwd_dispatch.h"
@@ -28,8 +29,10 @@ inline FwdVariant default_variant(int head_dim, bool causal, int seqlen_q) {
 }
 
 // Builds the tensor maps for the tile shape of Tr and launches `kernel` on its grid.
+// persistent: a 1-D grid of min(tiles, SMs) CTAs instead of (query tiles, heads, batch).
 template <class Tr>
-cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*kernel)(const FwdParams)) {
+cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*kernel)(const FwdParams),
+                              bool persistent) {
   constexpr int kHeadDim = Tr::kHeadDim;
   const char* name = "flash_fwd_sm90";
   FwdParams kp;
@@ -49,6 +52,7 @@ cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*k
 
   kp.args.lse = p.lse;
   kp.args.seqlen_q = p.seqlen_q;
+  kp.args.batch = p.batch;
   kp.args.seqlen_k = p.seqlen_k;
   kp.args.num_heads = p.num_heads;
   kp.args.group = p.num_heads / p.num_heads_k;
@@ -57,40 +61,55 @@ cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*k
 
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (e != cudaSuccess) return {e, name};
-  const dim3 grid((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.num_heads, p.batch);
+  const int m_tiles = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  dim3 grid(m_tiles, p.num_heads, p.batch);
+  if (persistent) {
+    int device = 0, sms = 0;
+    e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return {e, name};
+    const int64_t tiles = (int64_t)m_tiles * p.num_heads * p.batch;
+    if (tiles >= (int64_t(1) << 31)) return {cudaErrorInvalidValue, "flash_fwd_sm90 (too many tiles)"};
+    grid = dim3((unsigned)std::min<int64_t>(tiles, sms), 1, 1);
+  }
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
   e = cudaGetLastError();
   return {e, e == cudaSuccess ? "" : name};
 }
 
-// The kernel instantiation (causal x schedule) for a tile shape.
-template <class Tr, bool kOverlap, bool kPingpong>
-auto fwd_kernel_for(bool causal) -> void (*)(const FwdParams) {
-  return causal ? flash_fwd_sm90_kernel<Tr, true, kOverlap, kPingpong>
-                : flash_fwd_sm90_kernel<Tr, false, kOverlap, kPingpong>;
+// Launches the kernel instantiation (causal x schedule x grid) for a tile shape.
+template <class Tr, bool kOverlap, bool kPingpong, bool kPersistent>
+cuda::LaunchStatus launch_schedule(const AttnParams& p, cudaStream_t stream) {
+  auto kernel = p.is_causal ? flash_fwd_sm90_kernel<Tr, true, kOverlap, kPingpong, kPersistent>
+                            : flash_fwd_sm90_kernel<Tr, false, kOverlap, kPingpong, kPersistent>;
+  return launch_fwd<Tr>(p, stream, kernel, kPersistent);
+}
+
+// One of the explicit schedules (not kPersistent / kDefault), on either grid.
+template <int kHeadDim, typename Elem, bool kPersistent>
+cuda::LaunchStatus run_schedule(const AttnParams& p, cudaStream_t stream, FwdVariant variant) {
+  using Tr = FwdTraits<kHeadDim, Elem>;
+  switch (variant) {
+    case FwdVariant::kSerial:
+      return launch_schedule<Tr, false, false, kPersistent>(p, stream);
+    case FwdVariant::kOverlapPingpong:
+      return launch_schedule<Tr, true, true, kPersistent>(p, stream);
+    case FwdVariant::kSerialPingpong:
+      return launch_schedule<Tr, false, true, kPersistent>(p, stream);
+    case FwdVariant::kOverlap3:
+      if constexpr (kHeadDim == 64) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, kPersistent>(p, stream);
+      [[fallthrough]];
+    default:
+      return launch_schedule<Tr, true, false, kPersistent>(p, stream);
+  }
 }
 
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant variant) {
-  using Tr = FwdTraits<kHeadDim, Elem>;
-  if (variant == FwdVariant::kDefault) variant = default_variant(kHeadDim, p.is_causal, p.seqlen_q);
-  const bool c = p.is_causal;
-  switch (variant) {
-    case FwdVariant::kSerial:
-      return launch_fwd<Tr>(p, stream, fwd_kernel_for<Tr, false, false>(c));
-    case FwdVariant::kOverlapPingpong:
-      return launch_fwd<Tr>(p, stream, fwd_kernel_for<Tr, true, true>(c));
-    case FwdVariant::kSerialPingpong:
-      return launch_fwd<Tr>(p, stream, fwd_kernel_for<Tr, false, true>(c));
-    case FwdVariant::kOverlap3:
-      if constexpr (kHeadDim == 64) {
-        using Tr3 = FwdTraits<kHeadDim, Elem, 3>;
-        return launch_fwd<Tr3>(p, stream, fwd_kernel_for<Tr3, true, false>(c));
-      }
-      [[fallthrough]];
-    default:
-      return launch_fwd<Tr>(p, stream, fwd_kernel_for<Tr, true, false>(c));
-  }
+  const FwdVariant best = default_variant(kHeadDim, p.is_causal, p.seqlen_q);
+  if (variant == FwdVariant::kPersistent) return run_schedule<kHeadDim, Elem, true>(p, stream, best);
+  if (variant == FwdVariant::kDefault) variant = best;
+  return run_schedule<kHeadDim, Elem, false>(p, stream, variant);
 }
 
 }  // namespace jaxattn::sm90

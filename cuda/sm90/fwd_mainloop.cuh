@@ -37,12 +37,14 @@ struct FwdMainloop {
   using Pipe = PipeState<Tr::kStages>;
 
   // ---- producer (one thread) ----------------------------------------------
+  // Loads one tile: Q, then K / V block by block through the ring (`pipe` carries
+  // the ring position from tile to tile). With a persistent grid (q_empty_phase >= 0)
+  // the first kStages K / V blocks go out before Q, whose buffer holds the previous
+  // tile's O until its TMA store has read it (q_empty).
   __device__ static void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
-                                 const FwdSmem<Tr>& sm, const FwdTile& tile, int kv_head) {
-    hptx::mbar_arrive_expect_tx(sm.bar_q(), Tr::kQBytes);
-    hptx::tma_load_5d(sm.q(), tm_q, sm.bar_q(), 0, tile.m_block * kBlockM, 0, tile.head, tile.batch);
-    Pipe pipe;
-    for (int n = 0; n < tile.n_blocks; ++n) {
+                                 const FwdSmem<Tr>& sm, const FwdTile& tile, int kv_head, Pipe& pipe,
+                                 int q_empty_phase = -1) {
+    auto load_kv = [&](int n) {
       hptx::mbar_wait(sm.bar_k_empty(pipe.stage), pipe.phase ^ 1);
       hptx::mbar_arrive_expect_tx(sm.bar_k_full(pipe.stage), Tr::kKVBytes);
       hptx::tma_load_5d(sm.k(pipe.stage), tm_k, sm.bar_k_full(pipe.stage), 0, n * kBlockN, 0, kv_head, tile.batch);
@@ -50,7 +52,15 @@ struct FwdMainloop {
       hptx::mbar_arrive_expect_tx(sm.bar_v_full(pipe.stage), Tr::kKVBytes);
       hptx::tma_load_5d(sm.v(pipe.stage), tm_v, sm.bar_v_full(pipe.stage), 0, n * kBlockN, 0, kv_head, tile.batch);
       pipe.advance();
+    };
+    int n = 0;
+    if (q_empty_phase >= 0) {
+      for (; n < tile.n_blocks && n < Tr::kStages; ++n) load_kv(n);
+      hptx::mbar_wait(sm.bar_q_empty(), (uint32_t)q_empty_phase ^ 1);
     }
+    hptx::mbar_arrive_expect_tx(sm.bar_q(), Tr::kQBytes);
+    hptx::tma_load_5d(sm.q(), tm_q, sm.bar_q(), 0, tile.m_block * kBlockM, 0, tile.head, tile.batch);
+    for (; n < tile.n_blocks; ++n) load_kv(n);
   }
 
   // ---- consumer pieces (one warpgroup) ---------------------------------------
@@ -110,9 +120,12 @@ struct FwdMainloop {
 
   // ---- consumer: the whole key loop of one tile -------------------------------
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
+  // pipe: the K / V ring position (carried from tile to tile); q_phase: parity of
+  // this tile's Q load.
   template <bool kCausal, bool kOverlap, bool kPingpong>
   __device__ static void consume(float (&o)[kORegs], OnlineSoftmax<kBlockN>& softmax, const FwdSmem<Tr>& sm,
-                                 const FwdTile& tile, const FwdArgs& args, int wg, int tid) {
+                                 const FwdTile& tile, const FwdArgs& args, int wg, int tid, Pipe& pipe,
+                                 uint32_t q_phase) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int wg_row0 = tile.m_block * kBlockM + wg * 64;  // first query row of this warpgroup
     const int row0 = wg_row0 + warp * 16 + g;               // this thread's h = 0 row
@@ -136,8 +149,7 @@ struct FwdMainloop {
       if (needs_mask(n)) apply_mask<kBlockN, kCausal>(s, n * kBlockN, row0, t, S);
     };
 
-    hptx::mbar_wait(sm.bar_q(), 0);
-    Pipe pipe;
+    hptx::mbar_wait(sm.bar_q(), q_phase);
     // Warpgroup 0 takes the first turn.
     if (kPingpong && wg == 1) hptx::named_bar_arrive(3, 256);
 

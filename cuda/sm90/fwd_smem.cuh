@@ -19,6 +19,8 @@ struct FwdSmem {
   __device__ __forceinline__ uint32_t bar_k_empty(int s) const { return bar_q() + 8 * (1 + Tr::kStages + s); }
   __device__ __forceinline__ uint32_t bar_v_full(int s) const { return bar_q() + 8 * (1 + 2 * Tr::kStages + s); }
   __device__ __forceinline__ uint32_t bar_v_empty(int s) const { return bar_q() + 8 * (1 + 3 * Tr::kStages + s); }
+  // Persistent grid: the Q tile (O staging in the epilogue) is free for the next tile.
+  __device__ __forceinline__ uint32_t bar_q_empty() const { return bar_q() + 8 * (1 + 4 * Tr::kStages); }
 };
 
 // Position in the K/V ring: the stage, and the parity of its current fill.

@@ -15,7 +15,7 @@ namespace jaxattn::sm90 {
 //   Q  [kChunks][kBlockM][64]          (reused for O in the epilogue)
 //   K  [kStages][kChunks][kBlockN][64]
 //   V  [kStages][kChunks][kBlockN][64]
-//   mbarriers: q_full, k_full[s], k_empty[s], v_full[s], v_empty[s]
+//   mbarriers: q_full, k_full[s], k_empty[s], v_full[s], v_empty[s], q_empty
 // kConsumerWarpgroups = 2 (128-row tiles) everywhere; 3 (192-row tiles, 160 registers
 // per consumer thread) fits at head dim 64 only (O 32 + S 64 + P 32 registers).
 template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2>
@@ -43,7 +43,7 @@ struct FwdTraits {
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKVBytes;
   static constexpr int kOffBar = kOffV + kStages * kKVBytes;
-  static constexpr int kNumBars = 1 + 4 * kStages;
+  static constexpr int kNumBars = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "1024-aligned tiles");
@@ -53,6 +53,7 @@ struct FwdTraits {
 struct FwdArgs {
   float* lse;        // [B, T, N]
   int seqlen_q, seqlen_k, num_heads, group;  // group = N / K
+  int batch;                                 // (the persistent grid's tile count)
   float scale;       // logits scale
   float scale_log2;  // scale * log2(e)
 };

@@ -45,6 +45,7 @@ static const char* variant_name(FwdVariant v) {
     case FwdVariant::kOverlapPingpong: return "ovl+pp";
     case FwdVariant::kSerialPingpong: return "ser+pp";
     case FwdVariant::kOverlap3: return "ovl 3wg";
+    case FwdVariant::kPersistent: return "persist";
     default: return "default";
   }
 }
