@@ -642,7 +642,7 @@ def test_bad_lengths_unbatched():
         jaxattn.flash_attention(q, k, v, query_seq_lengths=jnp.asarray([1, 2], jnp.int32))
 
 
-# ---- dispatch: the CUDA kernels do not take masks yet --------------------------
+# ---- dispatch: masked calls run the portable CUDA kernels, dense bias / mask the reference
 
 MASKED = {
     "local_window_size": dict(local_window_size=4),
@@ -654,11 +654,12 @@ MASKED = {
     "bias": dict(bias=jnp.zeros((1, 2, 8, 12))),
     "mask": dict(mask=jnp.ones((2, 1, 8, 12), bool)),
 }
+CUDA_MASKED = [f for f in sorted(MASKED) if f not in ("bias", "mask")]
 
 
-@pytest.mark.parametrize("feature", sorted(MASKED))
+@pytest.mark.parametrize("feature", ["bias", "mask"])
 @pytest.mark.parametrize("impl", ["cuda", "cuda_sm80"])
-def test_cuda_forced_with_mask_is_not_implemented(feature, impl):
+def test_cuda_forced_with_dense_mask_is_not_implemented(feature, impl):
     q, k, v = (x.astype(jnp.bfloat16) for x in _arrays())
     with pytest.raises(NotImplementedError, match=f"do not support {feature}"):
         jaxattn.flash_attention(q, k, v, implementation=impl, **MASKED[feature])
@@ -666,12 +667,38 @@ def test_cuda_forced_with_mask_is_not_implemented(feature, impl):
         jaxattn.kernel_for(q, k, v, implementation=impl, **MASKED[feature])
 
 
+@pytest.fixture
+def as_if_built_with_cuda(monkeypatch):
+    """The dispatch rule as a CUDA build sees it (the rule itself is host code)."""
+    monkeypatch.setattr(jaxattn.dispatch, "built_with_cuda", lambda: True)
+
+
 @pytest.mark.parametrize("feature", sorted(MASKED))
-def test_kernel_for_cuda_platform_masked_is_reference(feature):
+def test_kernel_for_cuda_platform_masked(feature, as_if_built_with_cuda):
+    """The rule: masked calls run the portable kernels for both passes on every
+    GPU (the Hopper kernels take no masks yet); a dense bias / mask the reference."""
     q, k, v = (x.astype(jnp.bfloat16) for x in _arrays())
-    assert jaxattn.kernel_for(q, k, v, platform="cuda", **MASKED[feature]) == "reference"
-    assert jaxattn.kernel_for(q, k, v, platform="gpu", is_causal=True, **MASKED[feature]) == "reference"
+    want = "reference" if feature in ("bias", "mask") else "cuda:fwd=sm80,bwd=sm80"
+    assert jaxattn.kernel_for(q, k, v, platform="cuda", **MASKED[feature]) == want
+    assert jaxattn.kernel_for(q, k, v, platform="gpu", is_causal=True, **MASKED[feature]) == want
+    assert jaxattn.kernel_for(q, k, v, platform="gpu", deterministic=True, **MASKED[feature]) == want
     assert jaxattn.kernel_for(q, k, v, platform="cpu", **MASKED[feature]) == "cpu:flash"
+    if feature not in ("bias", "mask"):
+        assert jaxattn.kernel_for(q, k, v, implementation="cuda", **MASKED[feature]) == "cuda:fwd=sm80,bwd=sm80"
+        # float32 and odd head dims stay on the reference, masked or not.
+        q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+        assert jaxattn.kernel_for(q32, k32, v32, platform="cuda", **MASKED[feature]) == "reference"
+
+
+@pytest.mark.parametrize("hopper", [False, True])
+def test_kernel_names_masked_are_portable(hopper):
+    """The C++ rule (cuda::fwd_on_sm90 / bwd_on_sm90) asked directly: a masked call is
+    never given to the Hopper kernels, whatever the device."""
+    from jaxattn._extension import _jaxattn
+    cc = (9, 0) if hopper else (8, 0)
+    sizes = (1, 256, 256, 4, 4, 128, True)
+    assert _jaxattn.cuda_forward_kernel(*sizes, True, *cc) == "sm80"
+    assert _jaxattn.cuda_backward_kernel(*sizes, False, True, *cc) == "sm80"
 
 
 # ---- sharding: lengths shard along the batch ------------------------------------

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "common/mask.cuh"
 #include "common/ptx.h"
 
 namespace jaxattn::cuda::sm80 {
@@ -27,6 +28,58 @@ __device__ __forceinline__ void apply_mask(float (&s)[kM][kN8][4], int row0, int
         const int row = row0 + i * 16 + g + 8 * (e >> 1);
         const int col = col0 + j * 8 + 2 * t + (e & 1);
         if (masked(row, col)) s[i][j][e] = -INFINITY;
+      }
+}
+
+// Soft-capped logits: s becomes cap * tanh(scale * s / cap) (then scaled by 1).
+template <int kM, int kN8>
+__device__ __forceinline__ void apply_softcap(float (&s)[kM][kN8][4], float scale, float cap) {
+  const float inv_cap = 1.f / cap;
+#pragma unroll
+  for (int i = 0; i < kM; ++i)
+#pragma unroll
+    for (int j = 0; j < kN8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i][j][e] = softcap_forward(s[i][j][e] * scale, cap, inv_cap);
+}
+
+// Masked kernels: sets to -inf every element with !visible(row, col) or,
+// with segment ids (row_ids / col_ids non-null: the ids of rows [0,
+// row_limit) and columns [0, col_limit)), whose row and column ids differ.
+// The ids are read here (L1-cached), not held in registers across the MMAs.
+template <int kM, int kN8, typename Visible>
+__device__ __forceinline__ void apply_visibility(float (&s)[kM][kN8][4], int row0, int col0, int lane,
+                                                 const int32_t* row_ids, int row_limit, const int32_t* col_ids,
+                                                 int col_limit, Visible visible) {
+  const int g = lane >> 2, t = lane & 3;
+  int row_id[kM][2], col_id[kN8][2];
+  if (row_ids != nullptr) {
+#pragma unroll
+    for (int i = 0; i < kM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + i * 16 + g + 8 * h;
+        row_id[i][h] = row < row_limit ? __ldg(row_ids + row) : -1;
+      }
+#pragma unroll
+    for (int j = 0; j < kN8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = col0 + j * 8 + 2 * t + e;
+        col_id[j][e] = col < col_limit ? __ldg(col_ids + col) : -1;
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < kM; ++i)
+#pragma unroll
+    for (int j = 0; j < kN8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + i * 16 + g + 8 * (e >> 1);
+        const int col = col0 + j * 8 + 2 * t + (e & 1);
+        bool ok = visible(row, col);
+        if (row_ids != nullptr) ok = ok && row_id[i][e >> 1] == col_id[j][e & 1];
+        if (!ok) s[i][j][e] = -INFINITY;
       }
 }
 

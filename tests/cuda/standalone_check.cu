@@ -33,18 +33,48 @@ namespace jc = jaxattn::cuda;
 
 
 
+// Masks of a case (the masked kernels): window, lengths of batch 0 (others
+// full), a soft cap, and packed segment ids (query i in document i / q_doc,
+// key j in j / kv_doc; 0 = no segment ids).
+struct Masks {
+  int left = -1, right = -1;
+  int q_len0 = -1, kv_len0 = -1;
+  float softcap = 0.f;
+  int q_doc = 0, kv_doc = 0;
+  bool any() const { return left >= 0 || right >= 0 || q_len0 >= 0 || kv_len0 >= 0 || softcap > 0 || q_doc > 0; }
+};
+
 struct Case {
   int B, T, S, N, K, H;
   bool bf16, causal;
   int pad = 0;  // extra elements per head slot: tests non-contiguous strides
+  Masks m = {};
 };
 
 static std::string describe(const Case& c) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "B%d T%d S%d N%d K%d H%d %s %s%s", c.B, c.T, c.S, c.N, c.K, c.H,
-                c.bf16 ? "bf16" : "fp16", c.causal ? "causal" : "full",
-                c.pad ? " strided" : "");
+  char buf[256];
+  int n = std::snprintf(buf, sizeof buf, "B%d T%d S%d N%d K%d H%d %s %s%s", c.B, c.T, c.S, c.N, c.K, c.H,
+                        c.bf16 ? "bf16" : "fp16", c.causal ? "causal" : "full", c.pad ? " strided" : "");
+  const Masks& m = c.m;
+  if (m.left >= 0 || m.right >= 0) n += std::snprintf(buf + n, sizeof buf - n, " win(%d,%d)", m.left, m.right);
+  if (m.q_len0 >= 0 || m.kv_len0 >= 0) n += std::snprintf(buf + n, sizeof buf - n, " len(%d,%d)", m.q_len0, m.kv_len0);
+  if (m.softcap > 0) n += std::snprintf(buf + n, sizeof buf - n, " cap%g", m.softcap);
+  if (m.q_doc > 0) n += std::snprintf(buf + n, sizeof buf - n, " docs(%d,%d)", m.q_doc, m.kv_doc);
   return buf;
+}
+
+// Whether query i of batch b sees key j (the float64 reference's rule, written
+// independently of common/mask.cuh).
+static bool ref_visible(const Case& c, int b, int i, int j) {
+  const Masks& m = c.m;
+  const int ql = (b == 0 && m.q_len0 >= 0) ? std::min(m.q_len0, c.T) : c.T;
+  const int kl = (b == 0 && m.kv_len0 >= 0) ? std::min(m.kv_len0, c.S) : c.S;
+  if (i >= ql || j >= kl) return false;
+  if (c.causal && j > i) return false;
+  if (m.left >= 0 && j < i - m.left) return false;
+  if (m.right >= 0 && j > i + m.right) return false;
+  if (m.q_doc > 0 && i / m.q_doc != j / m.kv_doc) return false;
+  return true;
 }
 
 
@@ -138,6 +168,30 @@ static Result run_case(const Case& c, uint64_t seed) {
   p.o_batch_stride = o.batch_stride(), p.o_row_stride = o.row_stride(), p.o_head_stride = o.head_stride();
   p.dout = dout.dev, p.dq = dq.dev, p.dk = dk.dev, p.dv = dv.dev;
   p.dq_accum = dq_accum, p.dpsum = dpsum;
+  // Masks: lengths [B] and segment ids [B, T] / [B, S] on the device.
+  const Masks& m = c.m;
+  int32_t *d_lens = nullptr, *d_seg = nullptr;
+  if (m.any()) {
+    p.window_left = m.left, p.window_right = m.right, p.softcap = m.softcap;
+    std::vector<int32_t> lens(2 * c.B);
+    for (int b = 0; b < c.B; ++b) {
+      lens[b] = (b == 0 && m.q_len0 >= 0) ? m.q_len0 : c.T;
+      lens[c.B + b] = (b == 0 && m.kv_len0 >= 0) ? m.kv_len0 : c.S;
+    }
+    CUDA_CHECK(cudaMalloc(&d_lens, lens.size() * 4));
+    CUDA_CHECK(cudaMemcpy(d_lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+    p.q_lengths = d_lens, p.kv_lengths = d_lens + c.B;
+    if (m.q_doc > 0) {
+      std::vector<int32_t> seg(size_t(c.B) * (c.T + c.S));
+      for (int b = 0; b < c.B; ++b) {
+        for (int i = 0; i < c.T; ++i) seg[size_t(b) * c.T + i] = i / m.q_doc;
+        for (int j = 0; j < c.S; ++j) seg[size_t(c.B) * c.T + size_t(b) * c.S + j] = j / m.kv_doc;
+      }
+      CUDA_CHECK(cudaMalloc(&d_seg, seg.size() * 4));
+      CUDA_CHECK(cudaMemcpy(d_seg, seg.data(), seg.size() * 4, cudaMemcpyHostToDevice));
+      p.q_segment_ids = d_seg, p.kv_segment_ids = d_seg + size_t(c.B) * c.T;
+    }
+  }
 
   check_launch(jc::flash_fwd_sm80(p, 0));
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -161,21 +215,29 @@ static Result run_case(const Case& c, uint64_t seed) {
         const int jend = c.causal ? std::min(c.S, i + 1) : c.S;
         double mx = -INFINITY;
         for (int j = 0; j < jend; ++j) {
+          s[j] = -INFINITY;
+          if (!ref_visible(c, b, i, j)) continue;
           double acc = 0;
           for (int d = 0; d < H; ++d) acc += q.at(b, i, n, d) * k.at(b, j, kh, d);
           s[j] = acc * scale;
+          if (m.softcap > 0) s[j] = m.softcap * std::tanh(s[j] / m.softcap);
           mx = std::max(mx, s[j]);
         }
         double l = 0;
-        for (int j = 0; j < jend; ++j) l += std::exp(s[j] - mx);
-        const double lse_r = jend ? mx + std::log(l) : -INFINITY;
+        for (int j = 0; j < jend; ++j) l += s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx);
+        const bool empty = !(l > 0);  // no visible key: o = 0, lse = -inf
+        const double lse_r = empty ? -INFINITY : mx + std::log(l);
         std::fill(orow.begin(), orow.end(), 0.0);
         for (int j = 0; j < jend; ++j) {
-          pr[j] = std::exp(s[j] - lse_r);
+          pr[j] = empty || s[j] == -INFINITY ? 0.0 : std::exp(s[j] - lse_r);
           for (int d = 0; d < H; ++d) orow[d] += pr[j] * v.at(b, j, kh, d);
         }
         const double got_lse = lse_h[(size_t(b) * c.T + i) * c.N + n];
-        else_[bk].add(got_lse, lse_r);
+        if (empty) {
+          else_[bk].add(got_lse == -INFINITY ? 0.0 : NAN, 0.0);
+        } else {
+          else_[bk].add(got_lse, lse_r);
+        }
         double dps = 0;
         for (int d = 0; d < H; ++d) {
           eo[bk].add(o.at(b, i, n, d), orow[d]);
@@ -185,7 +247,8 @@ static Result run_case(const Case& c, uint64_t seed) {
         for (int j = 0; j < jend; ++j) {
           double dp = 0;
           for (int d = 0; d < H; ++d) dp += dout.at(b, i, n, d) * v.at(b, j, kh, d);
-          const double ds = pr[j] * (dp - dps);
+          double ds = pr[j] * (dp - dps);
+          if (m.softcap > 0 && pr[j] > 0) ds *= 1.0 - (s[j] / m.softcap) * (s[j] / m.softcap);
           for (int d = 0; d < H; ++d) {
             dqrow[d] += scale * ds * k.at(b, j, kh, d);
             dk_r[size_t(j) * H + d] += scale * ds * q.at(b, i, n, d);
@@ -220,6 +283,8 @@ static Result run_case(const Case& c, uint64_t seed) {
   CUDA_CHECK(cudaFree(lse));
   CUDA_CHECK(cudaFree(dq_accum));
   CUDA_CHECK(cudaFree(dpsum));
+  if (d_lens) CUDA_CHECK(cudaFree(d_lens));
+  if (d_seg) CUDA_CHECK(cudaFree(d_seg));
   return {e_o.rel(), e_lse.rel(), e_dq.rel(), e_dk.rel(), e_dv.rel(), pad_ok};
 }
 
@@ -369,6 +434,16 @@ int main(int argc, char** argv) {
       {1, 512, 512, 8, 1, 128, false, true},
       {1, 300, 300, 2, 2, 136, true, true, 24},
       {1, 640, 640, 2, 2, 128, true, true},
+      // Masked kernels: window, lengths (a batch row with no query / no key),
+      // soft cap, packed segments (ids of different packings for T != S).
+      {2, 333, 257, 4, 2, 128, true, false, 0, {40, 5}},
+      {2, 257, 333, 4, 2, 64, false, true, 0, {-1, -1, 100, 0}},
+      {2, 300, 300, 4, 2, 128, false, true, 0, {-1, -1, 0, 170}},
+      {2, 300, 300, 8, 2, 128, true, true, 0, {-1, -1, -1, -1, 5.f}},
+      {2, 300, 300, 4, 4, 64, false, true, 0, {-1, -1, -1, -1, 0.f, 70, 70}},
+      {2, 333, 257, 4, 1, 96, true, true, 0, {90, 0, 250, 200, 3.f, 50, 40}},
+      {1, 200, 200, 2, 1, 256, true, false, 0, {30, 30, -1, -1, 0.f, 64, 64}},
+      {1, 200, 200, 2, 1, 32, true, true, 0, {0, 0, 150, 180}},
   };
   if (quick) cases = {cases[2], cases[8], cases[9], cases[16]};
   auto on_h128 = [](const Case& c) { return c.H > 96 && c.H <= 128; };
