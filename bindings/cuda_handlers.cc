@@ -23,8 +23,6 @@ static ffi::Error check_cuda_supported(const AttnParams& p) {
   if (p.head_dim % 8 != 0)
     return ffi::Error(ffi::ErrorCode::kUnimplemented,
                       "jaxattn: the CUDA kernels need a head dim that is a multiple of 8, got " + std::to_string(p.head_dim));
-  if (p.bias != nullptr || p.mask != nullptr)
-    return ffi::Error(ffi::ErrorCode::kUnimplemented, "jaxattn: the CUDA kernels do not take a dense bias or mask yet");
   return ffi::Error::Success();
 }
 
@@ -94,8 +92,8 @@ static ffi::Error cuda_bwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
                            ffi::Buffer<ffi::S32> q_lengths, ffi::Buffer<ffi::S32> kv_lengths, int32_t window_left,
                            int32_t window_right, float softcap, ffi::Buffer<ffi::S32> q_seg,
                            ffi::Buffer<ffi::S32> kv_seg, ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::PRED> mask,
-                           bool has_segments, bool has_bias, bool has_mask, bool has_lengths, bool portable_only,
-                           bool deterministic) {
+                           bool has_segments, bool has_bias, bool has_mask, bool has_lengths,
+                           ffi::Result<ffi::Buffer<ffi::F32>> dbias, bool portable_only, bool deterministic) {
   AttnParams p;
   if (auto e = fill_backward(p, q, k, v, o, lse, dout, dlse, *dq, *dk, *dv, scale, is_causal); e.failure())
     return e;
@@ -103,6 +101,7 @@ static ffi::Error cuda_bwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
                               has_segments, has_bias, has_mask, has_lengths);
       e.failure())
     return e;
+  if (auto e = fill_dbias(p, bias, *dbias); e.failure()) return e;
   if (auto e = check_cuda_supported(p); e.failure()) return e;
   // Workspace: dq_accum is q-shaped, dpsum is [..., N, T], dq_semaphore [..., N, ceil(T / 32)].
   if (!same_dims(dq_accum->dimensions(), q.dimensions()))
@@ -132,11 +131,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxattnCudaBwd, jaxattn::cuda_bwd,
-    jaxattn::bind_mask_args(jaxattn::bind_options(
+    jaxattn::bind_dbias_ret(jaxattn::bind_mask_args(jaxattn::bind_options(
         jaxattn::bind_backward_buffers(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>())
-            .Ret<xla::ffi::Buffer<xla::ffi::F32>>()     // dq_accum (workspace)
-            .Ret<xla::ffi::Buffer<xla::ffi::F32>>()     // dpsum (workspace)
-            .Ret<xla::ffi::Buffer<xla::ffi::S32>>()))   // dq_semaphore (workspace)
+            .Ret<xla::ffi::Buffer<xla::ffi::F32>>()      // dq_accum (workspace)
+            .Ret<xla::ffi::Buffer<xla::ffi::F32>>()      // dpsum (workspace)
+            .Ret<xla::ffi::Buffer<xla::ffi::S32>>())))   // dq_semaphore (workspace)
         .Attr<bool>("portable_only")   // skip the Hopper kernel
         .Attr<bool>("deterministic"),  // ordered dQ accumulation: identical bits run to run
     {xla::ffi::Traits::kCmdBufferCompatible});

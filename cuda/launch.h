@@ -19,7 +19,7 @@ struct LaunchStatus {
 
 // Portable path (mma.sync, sm_80+). Supports bf16/fp16, head_dim % 8 == 0 and
 // head_dim <= 256, any T, S, GQA/MQA, causal; local windows, per-batch lengths,
-// segment ids and the soft cap (not yet the dense bias / mask).
+// segment ids, the soft cap, the dense bias (dbias when p.dbias is set) and mask.
 // Forward writes o and lse.
 LaunchStatus flash_fwd_sm80(const AttnParams& p, cudaStream_t stream);
 // Backward reads q, k, v, o, lse, dout; uses dq_accum and dpsum (workspace);

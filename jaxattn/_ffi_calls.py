@@ -74,19 +74,13 @@ def cpu_forward(q, k, v, q_lengths=None, kv_lengths=None, q_segment_ids=None, kv
     return _forward("jaxattn_cpu_fwd", q, k, v, scale, is_causal, *operands, **attrs)
 
 
-def _no_dense(bias, mask):
-    if bias is not None or mask is not None:
-        raise NotImplementedError("the CUDA kernels do not take a dense bias or mask yet")
-
-
 def cuda_forward(q, k, v, q_lengths=None, kv_lengths=None, q_segment_ids=None, kv_segment_ids=None, bias=None,
                  mask=None, *, scale: float, is_causal: bool, window=None, softcap=None, portable_only: bool = False):
     """(out, lse) from the CUDA kernels: the Hopper one where it covers the call,
     else the portable one (always the portable one with `portable_only`, and
-    for masked calls: window, lengths, segments, soft cap)."""
-    _no_dense(bias, mask)
+    for masked calls: window, lengths, segments, soft cap, dense bias and mask)."""
     operands, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids,
-                                     kv_segment_ids, None, None)
+                                     kv_segment_ids, bias, mask)
     return _forward("jaxattn_cuda_fwd", q, k, v, scale, is_causal, *operands, portable_only=bool(portable_only),
                     **attrs)
 
@@ -122,28 +116,31 @@ def cpu_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None,
 
 def cuda_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None, q_segment_ids=None,
                   kv_segment_ids=None, bias=None, mask=None, *, scale: float, is_causal: bool, window=None,
-                  softcap=None, portable_only: bool = False, deterministic: bool = False):
-    """(dq, dk, dv) from the CUDA kernels: the Hopper one where it covers the call,
-    else the portable one (always the portable one with `portable_only`).
+                  softcap=None, portable_only: bool = False, deterministic: bool = False, bias_grad: bool = True):
+    """(dq, dk, dv), plus dbias (float32, the bias's shape) with a bias and
+    `bias_grad`, from the CUDA kernels: the Hopper one where it covers the
+    call, else the portable one (always the portable one with `portable_only`
+    and for masked calls).
 
     dq_accum, dpsum and dq_semaphore are workspace outputs. `deterministic`
-    orders the dQ accumulation so the gradients are identical bit for bit
-    from run to run."""
+    orders the dQ accumulation so dq, dk, dv are identical bit for bit from
+    run to run (dbias is summed with f32 atomics: not bit-reproducible)."""
     register_targets()
-    _no_dense(bias, mask)
     operands, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids,
-                                     kv_segment_ids, None, None)
+                                     kv_segment_ids, bias, mask)
+    want = bias is not None and bias_grad
     B, T, N, _ = q.shape
     workspace = (
         jax.ShapeDtypeStruct(q.shape, jnp.float32),  # dq_accum
         jax.ShapeDtypeStruct((B, N, T), jnp.float32),  # dpsum
         jax.ShapeDtypeStruct((B, N, -(-T // DQ_SEMAPHORE_ROWS)), jnp.int32),  # dq_semaphore
+        jax.ShapeDtypeStruct(bias.shape if want else (1,), jnp.float32),  # dbias ([1]: not wanted)
     )
-    dq, dk, dv, *_ = jax.ffi.ffi_call(
+    dq, dk, dv, *_, dbias = jax.ffi.ffi_call(
         "jaxattn_cuda_bwd", _grad_types(q, k) + workspace, vmap_method=_VMAP
     )(q, k, v, out, lse, dout, dlse, *operands, **_attrs(scale, is_causal), portable_only=bool(portable_only),
       deterministic=bool(deterministic), **attrs)
-    return dq, dk, dv
+    return (dq, dk, dv, dbias) if want else (dq, dk, dv)
 
 
 def cuda_sm80_backward(q, k, v, out, lse, dout, dlse, *masks, **kwargs):

@@ -88,17 +88,18 @@ def _local(plan: _Plan, cpu, cuda, ref, fixed: int, cuda_options=()):
     `cuda_options`: extra (name, value) keyword pairs of the CUDA function.
     Cached: one function per plan, so its sharded (jitted) wrapper is reused.
     """
-    # Every kernel takes the mask operands and options; the CUDA kernels are
-    # picked only for what they cover (plan.cuda_ok: no dense bias / mask).
+    # Every kernel takes the mask operands and options (the CUDA kernels are
+    # picked only for what they cover: plan.cuda_ok).
     mkw = dict(scale=plan.scale, is_causal=plan.is_causal, window=plan.window, softcap=plan.softcap)
     names = plan.extra_names()
     # The bias gradient (backward) corresponds to the bias operand.
     grad_args = (fixed + names.index("bias"),) if "bias" in names and plan.bias_grad else ()
-    # The FFI calls' results typed like their inputs inside shard_map.
-    cuda = sharding.typed_per_device(_named(functools.partial(cuda, **mkw, **dict(cuda_options)), fixed, names))
-    if fixed == 7 and "bias" in names:  # the CPU / reference backward takes whether dbias is wanted
+    if fixed == 7 and "bias" in names:  # the backward takes whether dbias is wanted
         mkw["bias_grad"] = plan.bias_grad
+    # The FFI calls' results typed like their inputs inside shard_map.
     cpu = sharding.typed_per_device(_named(functools.partial(cpu, **mkw), fixed, names), grad_args)
+    cuda = sharding.typed_per_device(_named(functools.partial(cuda, **mkw, **dict(cuda_options)), fixed, names),
+                                     grad_args)
     ref = _named(functools.partial(ref, **mkw), fixed, names)
     if plan.implementation == "reference":  # reached from ring attention's blocks
         return ref
@@ -244,10 +245,7 @@ def flash_attention(
     ``jax.nn.dot_product_attention``, whose masked logits are a large
     finite negative number, so a fully masked but unpadded row gets the mean
     of the values there.) On GPUs, masked calls run the portable CUDA
-    kernels (the Hopper ones take no masks yet), except a dense ``bias`` /
-    ``mask``, which the CUDA kernels do not take yet: with one,
-    ``implementation=None`` runs the reference on GPUs and ``"cuda"`` raises
-    ``NotImplementedError``.
+    kernels (the Hopper ones take no masks yet).
 
     Returns:
       ``out`` with the query's shape and dtype, or ``(out, lse)``.

@@ -6,11 +6,10 @@ kernels when they cover the call, else the pure-JAX reference; the reference
 elsewhere. A forced implementation that cannot run the call raises
 NotImplementedError naming why, so callers can fall back.
 
-Masks on GPUs: local windows, per-batch lengths, segment ids and the soft cap
-run on the portable (sm80) CUDA kernels on every GPU, Hopper included (the
-Hopper kernels take no masks yet; the C++ side of this rule is
-cuda::fwd_on_sm90 / bwd_on_sm90 in cuda/launch.h). A dense bias or mask is not
-taken by the CUDA kernels yet: such calls run the reference on GPUs.
+Masks on GPUs: local windows, per-batch lengths, segment ids, the soft cap and
+the dense bias / mask run on the portable (sm80) CUDA kernels on every GPU,
+Hopper included (the Hopper kernels take no masks yet; the C++ side of this
+rule is cuda::fwd_on_sm90 / bwd_on_sm90 in cuda/launch.h).
 """
 
 from __future__ import annotations
@@ -24,8 +23,9 @@ from ._validation import AttentionSpec
 CUDA_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-# The mask features the CUDA kernels do not take yet (AttentionSpec.mask_features names).
-CUDA_UNSUPPORTED_MASKS = ("bias", "mask")
+# The mask features the CUDA kernels do not take (AttentionSpec.mask_features
+# names; such calls run the reference on GPUs): none since masks stage 3.
+CUDA_UNSUPPORTED_MASKS: tuple[str, ...] = ()
 
 
 def cuda_unsupported_reason(spec: AttentionSpec) -> str | None:

@@ -28,7 +28,7 @@ IMPLS = ["cpu", "reference"]
 @pytest.fixture(autouse=True)
 def _on_cpu():
     """These tests run the CPU kernel and the reference: arrays live on the CPU even
-    where the default backend is a GPU (the CUDA kernels do not take masks yet)."""
+    where the default backend is a GPU (test_masks_gpu.py has the CUDA kernels)."""
     with jax.default_device(jax.devices("cpu")[0]):
         yield
 
@@ -642,7 +642,7 @@ def test_bad_lengths_unbatched():
         jaxattn.flash_attention(q, k, v, query_seq_lengths=jnp.asarray([1, 2], jnp.int32))
 
 
-# ---- dispatch: masked calls run the portable CUDA kernels, dense bias / mask the reference
+# ---- dispatch: masked calls run the portable CUDA kernels ---------------------------
 
 MASKED = {
     "local_window_size": dict(local_window_size=4),
@@ -654,17 +654,6 @@ MASKED = {
     "bias": dict(bias=jnp.zeros((1, 2, 8, 12))),
     "mask": dict(mask=jnp.ones((2, 1, 8, 12), bool)),
 }
-CUDA_MASKED = [f for f in sorted(MASKED) if f not in ("bias", "mask")]
-
-
-@pytest.mark.parametrize("feature", ["bias", "mask"])
-@pytest.mark.parametrize("impl", ["cuda", "cuda_sm80"])
-def test_cuda_forced_with_dense_mask_is_not_implemented(feature, impl):
-    q, k, v = (x.astype(jnp.bfloat16) for x in _arrays())
-    with pytest.raises(NotImplementedError, match=f"do not support {feature}"):
-        jaxattn.flash_attention(q, k, v, implementation=impl, **MASKED[feature])
-    with pytest.raises(NotImplementedError, match=f"do not support {feature}"):
-        jaxattn.kernel_for(q, k, v, implementation=impl, **MASKED[feature])
 
 
 @pytest.fixture
@@ -676,18 +665,19 @@ def as_if_built_with_cuda(monkeypatch):
 @pytest.mark.parametrize("feature", sorted(MASKED))
 def test_kernel_for_cuda_platform_masked(feature, as_if_built_with_cuda):
     """The rule: masked calls run the portable kernels for both passes on every
-    GPU (the Hopper kernels take no masks yet); a dense bias / mask the reference."""
+    GPU (the Hopper kernels take no masks yet)."""
     q, k, v = (x.astype(jnp.bfloat16) for x in _arrays())
-    want = "reference" if feature in ("bias", "mask") else "cuda:fwd=sm80,bwd=sm80"
+    want = "cuda:fwd=sm80,bwd=sm80"
     assert jaxattn.kernel_for(q, k, v, platform="cuda", **MASKED[feature]) == want
     assert jaxattn.kernel_for(q, k, v, platform="gpu", is_causal=True, **MASKED[feature]) == want
     assert jaxattn.kernel_for(q, k, v, platform="gpu", deterministic=True, **MASKED[feature]) == want
+    assert jaxattn.kernel_for(q, k, v, implementation="cuda", **MASKED[feature]) == want
     assert jaxattn.kernel_for(q, k, v, platform="cpu", **MASKED[feature]) == "cpu:flash"
-    if feature not in ("bias", "mask"):
-        assert jaxattn.kernel_for(q, k, v, implementation="cuda", **MASKED[feature]) == "cuda:fwd=sm80,bwd=sm80"
-        # float32 and odd head dims stay on the reference, masked or not.
-        q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
-        assert jaxattn.kernel_for(q32, k32, v32, platform="cuda", **MASKED[feature]) == "reference"
+    # float32 stays on the reference on GPUs, masked or not; forcing the CUDA kernels says why.
+    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+    assert jaxattn.kernel_for(q32, k32, v32, platform="cuda", **MASKED[feature]) == "reference"
+    with pytest.raises(NotImplementedError, match="bfloat16 or float16"):
+        jaxattn.kernel_for(q32, k32, v32, implementation="cuda", **MASKED[feature])
 
 
 @pytest.mark.parametrize("hopper", [False, True])

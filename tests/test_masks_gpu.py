@@ -1,4 +1,4 @@
-"""Masks on the CUDA kernels (windows, lengths, segment ids, soft cap), forward and
+"""Masks on the CUDA kernels (windows, lengths, segment ids, soft cap, dense bias and mask), forward and
 gradients against the float64 reference with the project's error bound; the
 GPU dispatch rule. Skipped without a GPU (test_masks.py is the CPU side)."""
 
@@ -11,15 +11,17 @@ import pytest
 
 import jaxattn
 from conftest import CUDA_READY, random_inputs
-from test_masks import CASES, SEG_CASES, _packed, _segments, check_backward, check_forward
+from test_masks import (CASES, DENSE_PAIRS, DENSE_SHAPES, SEG_CASES, _dense, _packed, _segments, check_backward,
+                        check_forward)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA_READY, reason="needs a CUDA GPU and the CUDA kernels")]
 
 # (head dim, dtype): both half dtypes, H 64 / 128 and a head dim that runs on a
-# padded kernel (80 -> 96); 256 takes the split-dV backward.
+# padded kernel (80 -> 96); 32 / 192 / 256 below.
 HEADS = [(64, jnp.bfloat16), (128, jnp.float16), (80, jnp.bfloat16)]
-# Odd T != S, several query and key blocks of every tile.
-SHAPES = [(333, 257), (257, 333)]
+# (H, dtype, T, S): odd T != S both ways, several query and key blocks of every tile.
+GRID = [(64, jnp.bfloat16, 333, 257), (128, jnp.float16, 257, 333), (80, jnp.bfloat16, 333, 257),
+        (128, jnp.bfloat16, 333, 257)]
 
 
 @pytest.mark.parametrize("impl", ["cuda", "cuda_sm80"])
@@ -28,25 +30,30 @@ def test_masked_calls_run_the_portable_kernels(impl):
     lengths = jnp.asarray([30, 64], jnp.int32)
     seg = jnp.zeros((2, 64), jnp.int32)
     for kw in (dict(local_window_size=8), dict(query_seq_lengths=lengths), dict(key_value_seq_lengths=lengths),
-               dict(logits_soft_cap=20.0), dict(q_segment_ids=seg, kv_segment_ids=seg)):
+               dict(logits_soft_cap=20.0), dict(q_segment_ids=seg, kv_segment_ids=seg),
+               dict(bias=jnp.zeros((1, 4, 64, 64))), dict(mask=jnp.ones((64, 64), bool))):
         assert jaxattn.kernel_for(q, k, v, **kw) == "cuda:fwd=sm80,bwd=sm80"
         assert jaxattn.kernel_for(q, k, v, implementation=impl, is_causal=True, **kw) == "cuda:fwd=sm80,bwd=sm80"
-    # A dense bias / mask stays on the reference (the CUDA kernels do not take them yet).
-    assert jaxattn.kernel_for(q, k, v, jnp.zeros((1, 4, 64, 64))) == "reference"
-    assert jaxattn.kernel_for(q, k, v, mask=jnp.ones((64, 64), bool)) == "reference"
 
 
-@pytest.mark.parametrize("impl", ["cuda", "cuda_sm80"])
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("H,dtype", HEADS)
-@pytest.mark.parametrize("T,S", SHAPES)
-def test_window_lengths(impl, case, H, dtype, T, S):
+@pytest.mark.parametrize("H,dtype,T,S", GRID)
+def test_window_lengths(case, H, dtype, T, S):
+    """Windows (symmetric, one-sided, zero) and lengths, alone and x causal."""
     is_causal, window, ql, kl = CASES[case]
     ql = None if ql is None else [min(x, T) for x in ql]
     kl = None if kl is None else [min(x, S) for x in kl]
     kw = dict(is_causal=is_causal, window=window, ql=ql, kl=kl)
-    check_forward(impl, 2, T, S, 4, 2, H, dtype, **kw)
-    check_backward(impl, 2, T, S, 4, 2, H, dtype, **kw)
+    check_forward("cuda", 2, T, S, 4, 2, H, dtype, **kw)
+    check_backward("cuda", 2, T, S, 4, 2, H, dtype, **kw)
+
+
+@pytest.mark.parametrize("case", ["window_causal", "all"])
+def test_forced_portable_kernels(case):
+    is_causal, window, ql, kl = CASES[case]
+    kw = dict(is_causal=is_causal, window=window, ql=ql, kl=kl)
+    check_forward("cuda_sm80", 2, 150, 300, 4, 2, 64, jnp.bfloat16, **kw)
+    check_backward("cuda_sm80", 2, 150, 300, 4, 2, 64, jnp.bfloat16, **kw)
 
 
 @pytest.mark.parametrize("case", ["window_causal", "all", "lengths"])
@@ -77,10 +84,47 @@ def test_softcap_gqa(softcap, H, dtype):
     check_backward("cuda", 2, 257, 333, 4, 1, H, dtype, softcap=softcap, with_lse=True)
 
 
+# Dense bias / mask shapes of test_masks (broadcast against [2, 4, 150, 300]).
+@pytest.mark.parametrize("shape", DENSE_SHAPES, ids=str)
+@pytest.mark.parametrize("H,dtype", HEADS[:2])
+def test_bias(shape, H, dtype):
+    """The bias read through its broadcast strides; dbias summed over the broadcast dims."""
+    bias = _dense(shape, "bias", len(shape) + sum(shape))
+    check_forward("cuda", 2, 150, 300, 4, 2, H, dtype, bias=bias)
+    check_backward("cuda", 2, 150, 300, 4, 2, H, dtype, bias=bias)
+
+
+@pytest.mark.parametrize("shape", DENSE_SHAPES[:-1], ids=str)
+@pytest.mark.parametrize("H,dtype", HEADS[:2])
+def test_mask(shape, H, dtype):
+    mask = _dense(shape, "mask", len(shape) + sum(shape))
+    check_forward("cuda", 2, 150, 300, 4, 2, H, dtype, mask=mask)
+    check_backward("cuda", 2, 150, 300, 4, 2, H, dtype, mask=mask)
+
+
+@pytest.mark.parametrize("case", sorted(DENSE_PAIRS))
+@pytest.mark.parametrize("H,dtype", HEADS)
+def test_dense_pairs(case, H, dtype):
+    """Bias x mask, x causal, x window, x GQA, x soft cap, x lengths."""
+    K, kw, bshape, mshape = DENSE_PAIRS[case]
+    bias = None if bshape is None else _dense(bshape, "bias", 1)
+    mask = None if mshape is None else _dense(mshape, "mask", 2)
+    check_forward("cuda", 2, 150, 300, 4, K, H, dtype, bias=bias, mask=mask, **kw)
+    check_backward("cuda", 2, 150, 300, 4, K, H, dtype, bias=bias, mask=mask, **kw)
+
+
+@pytest.mark.parametrize("H", [32, 256])
+def test_bias_segments_other_head_dims(H):
+    segs = _segments("packed_causal", 2, 300, 300)
+    bias = _dense((1, 4, 300, 300), "bias", 3)
+    check_backward("cuda", 2, 300, 300, 4, 2, H, jnp.bfloat16, is_causal=True, segs=segs, bias=bias, with_lse=True)
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_everything_at_once(dtype):
     segs = _segments("x_lengths", 2, 300, 300)
-    kw = dict(is_causal=True, window=(90, 7), ql=[250, 300], kl=[300, 170], softcap=5.0, segs=segs)
+    kw = dict(is_causal=True, window=(90, 7), ql=[250, 300], kl=[300, 170], softcap=5.0, segs=segs,
+              bias=_dense((2, 1, 300, 300), "bias", 8), mask=_dense((1, 8, 300, 300), "mask", 9))
     check_forward("cuda", 2, 300, 300, 8, 2, 128, dtype, **kw)
     check_backward("cuda", 2, 300, 300, 8, 2, 128, dtype, with_lse=True, **kw)
 
@@ -91,6 +135,8 @@ def test_everything_at_once(dtype):
     dict(local_window_size=(0, 0), key_value_seq_lengths=jnp.asarray([100, 200], jnp.int32)),
     dict(q_segment_ids=jnp.asarray(np.repeat([[0, 1, 2]], 2, 0).repeat(100, 1), jnp.int32),
          kv_segment_ids=jnp.asarray(np.repeat([[1, 3]], 2, 0).repeat(100, 1), jnp.int32)),
+    dict(mask=jnp.asarray(np.arange(300)[:, None] % 3 != 0).repeat(200, 1)),  # every 3rd row masked
+    dict(bias=jnp.where(jnp.arange(300)[:, None] % 4 == 1, -jnp.inf, 0.0).repeat(200, 1)),  # -inf bias rows
 ])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_rows_with_nothing_to_attend(kw, dtype):

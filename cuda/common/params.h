@@ -43,7 +43,6 @@ struct AttnParams {
   float softcap = 0.f;
 
   // ---- masks, stage 2: document segments, dense bias and mask ------------
-  // (The CUDA kernels take the segments, not yet the dense bias / mask.)
   // Segment ids, int32 [batch, T] / [batch, S], both or neither (null):
   // query i sees key j only when q_segment_ids[b, i] == kv_segment_ids[b, j].
   const int32_t* q_segment_ids = nullptr;

@@ -4,7 +4,8 @@
 // of its GQA group (above the causal diagonal skipped), adding dQ to
 // dq_accum with f32 atomics. See tile_config.cuh (BwdTile) for the layout.
 // kMasked instantiates the masked variant (window, lengths, segments, soft
-// cap: common/mask.cuh): only the query blocks that can see the key block run.
+// cap, dense bias (with dbias) and mask: common/mask.cuh): only the query
+// blocks that can see the key block run.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -129,8 +130,10 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
   float dv[1][kH / 8][4], dk[1][kH / 8][4];
   clear(dv);
   clear(dk);
-  // With a soft cap the logits are scaled (and capped) before the softmax.
-  const float scale_log2 = (softcap > 0.f ? 1.f : p.scale) * kLog2e;
+  // With a soft cap or a bias the logits are scaled (capped, biased) before
+  // the softmax, which then scales by 1.
+  const bool prescaled = kMasked && (softcap > 0.f || p.bias != nullptr);
+  const float scale_log2 = (prescaled ? 1.f : p.scale) * kLog2e;
   const int key_row = warp * 16;  // this warp's keys within the block
 
   const uint32_t k_addr_a = ptx::smem_addr(sK) + key_row * kPitch * 2 + lane_offset_a<kPitch>(lane);
@@ -217,10 +220,15 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
     clear(pt);
     gemm_ss_abt<Elem, 1, kQ8, kH, kPitch, kPitch>(pt, k_addr_a, q_stage + off_b);
     if constexpr (kMasked) {
-      if (softcap > 0.f) apply_softcap(pt, p.scale, softcap);
+      if (p.bias != nullptr) {  // (rows are keys, columns queries)
+        prescale_logits<true>(pt, n0 + key_row, m0, lane, p.scale, softcap,
+                              [&](int key) { return mask.bias_col(head, key); }, mask.bias_at.row, mask.q_len);
+      } else if (softcap > 0.f) {
+        prescale_logits<false>(pt, n0 + key_row, m0, lane, p.scale, softcap, [](int) { return nullptr; }, 0, 0);
+      }
       if (segments || mask.tile_partial(m0, m0 + kBM, n0 + key_row, n0 + key_row + 16))
         apply_visibility(pt, n0 + key_row, m0, lane, mask.kv_seg, mask.kv_len, mask.q_seg, mask.q_len,
-                         [&](int key, int query) { return mask.visible(query, key); });
+                         [&](int key, int query) { return mask.visible(query, key) && mask.dense_ok(head, query, key); });
     } else if (n0 + kBN > S || (causal && n0 + kBN - 1 > m0)) {
       apply_mask(pt, n0 + key_row, m0, lane,
                  [&](int key, int query) { return key >= S || (causal && key > query); });
@@ -256,18 +264,25 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
         }
       }
       if constexpr (kMasked) {
-        // Soft cap: dS of the uncapped logit is dS * (1 - tanh^2); the capped
-        // logit is recovered from P = exp2(capped log2e - lse_log2).
-        if (softcap > 0.f) {
-          const float inv_cap = 1.f / softcap;
+        // dS is the gradient of the final logit: dbias (f32 atomics into the
+        // bias's broadcast shape, only where P > 0). With a soft cap, dS of the
+        // uncapped logit is dS * (1 - tanh^2); the capped logit is recovered
+        // from P = exp2((capped + bias) log2e - lse_log2).
+        if (p.dbias != nullptr || softcap > 0.f) {
+          const float inv_cap = softcap > 0.f ? 1.f / softcap : 0.f;
 #pragma unroll
           for (int j = 0; j < kQ8; ++j) {
             const float2 l = *reinterpret_cast<const float2*>(lse_l2 + j * 8 + 2 * t);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const float pv = pt[0][j][e];
-              const float capped = (log2f(pv) + ((e & 1) ? l.y : l.x)) * kLn2;
-              dst[0][j][e] *= pv > 0.f ? softcap_grad(capped, inv_cap) : 0.f;
+              if (!(pv > 0.f)) continue;  // (dS = 0 already)
+              const int key = n0 + key_row + g + 8 * (e >> 1), query = m0 + j * 8 + 2 * t + (e & 1);
+              if (p.dbias != nullptr) ptx::red_add_f32(p.dbias + mask.bias_at.at(head, query, key), dst[0][j][e]);
+              if (softcap > 0.f) {
+                const float capped = (log2f(pv) + ((e & 1) ? l.y : l.x)) * kLn2 - mask.bias_of(head, query, key);
+                dst[0][j][e] *= softcap_grad(capped, inv_cap);
+              }
             }
           }
         }
@@ -345,6 +360,12 @@ template <int kHeadDim, typename Elem>
 LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream) {
   cudaError_t err = launch_bwd_preprocess<Elem>(p, stream);
   if (err != cudaSuccess) return {err, "flash_bwd_preprocess_sm80"};
+  if (p.dbias != nullptr) {  // (the kernel adds into it)
+    size_t n = 1;
+    for (int d : p.bias_dims) n *= size_t(d);
+    err = cudaMemsetAsync(p.dbias, 0, n * sizeof(float), stream);
+    if (err != cudaSuccess) return {err, "flash_bwd_sm80 (dbias memset)"};
+  }
   if (p.deterministic) {
     err = clear_dq_semaphore(p, stream);
     if (err != cudaSuccess) return {err, "flash_bwd_sm80 (semaphore memset)"};

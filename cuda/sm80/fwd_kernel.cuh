@@ -1,7 +1,8 @@
 // Forward flash attention on mma.sync (sm_80+): o = softmax(scale q k^T) v
 // and the row logsumexp, one CTA per (query block, query head, batch).
 // kMasked instantiates the masked variant (window, lengths, segments, soft
-// cap: common/mask.cuh); the unmasked one is the plain causal / full kernel.
+// cap, dense bias and mask: common/mask.cuh); the unmasked one is the plain
+// causal / full kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,13 +17,17 @@
 
 namespace jaxattn::cuda::sm80 {
 
-template <class Tile, typename Elem, bool kMasked>
+// kDense (implies kMasked): the call has a dense bias or mask (its own
+// instantiation: their reads need registers, so it may stream fewer keys a step).
+template <class Tile, typename Elem, bool kMasked, bool kDense = false>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     flash_fwd_kernel(const AttnParams p) {
+  static_assert(kMasked || !kDense, "a dense bias / mask is a mask option");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-  constexpr int kBN = kMasked ? Tile::kBlockNMasked : Tile::kBlockNSm100;  // (see FwdTile)
+  constexpr int kBNMasked = kDense ? Tile::kBlockNDense : Tile::kBlockNMasked;
+  constexpr int kBN = kMasked ? kBNMasked : Tile::kBlockNSm100;  // (see FwdTile)
 #else
-  constexpr int kBN = kMasked ? Tile::kBlockNMasked : Tile::kBlockN;
+  constexpr int kBN = kDense ? Tile::kBlockNDense : kMasked ? Tile::kBlockNMasked : Tile::kBlockN;
 #endif
   constexpr int kH = Tile::kHeadDim, kBM = Tile::kBlockM;
   constexpr int kM = Tile::kMTiles, kPitch = Tile::kPitch, kThreads = Tile::kThreads;
@@ -81,8 +86,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   clear(o);
   OnlineSoftmax<kM> softmax;
   softmax.init();
-  // With a soft cap the logits are scaled (and capped) before the softmax.
-  const float scale_log2 = (softcap > 0.f ? 1.f : p.scale) * kLog2e;
+  // With a soft cap or a bias the logits are scaled (capped, biased) before
+  // the softmax, which then scales by 1.
+  const bool prescaled = kMasked && (softcap > 0.f || (kDense && p.bias != nullptr));
+  const float scale_log2 = (prescaled ? 1.f : p.scale) * kLog2e;
 
   const int warp_row = warp * kM * 16;
   const uint32_t q_addr = ptx::smem_addr(sQ) + warp_row * kPitch * 2 + lane_offset_a<kPitch>(lane);
@@ -102,10 +109,17 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     clear(s);
     gemm_ss_abt<Elem, kM, kBN / 8, kH, kPitch, kPitch>(s, q_addr, k_addr);
     if constexpr (kMasked) {
-      if (softcap > 0.f) apply_softcap(s, p.scale, softcap);
+      if (kDense && p.bias != nullptr) {
+        prescale_logits<true>(s, m0 + warp_row, n0, lane, p.scale, softcap,
+                              [&](int row) { return mask.bias_row(head, row); }, mask.bias_at.col, mask.kv_len);
+      } else if (softcap > 0.f) {
+        prescale_logits<false>(s, m0 + warp_row, n0, lane, p.scale, softcap, [](int) { return nullptr; }, 0, 0);
+      }
       if (segments || mask.tile_partial(m0 + warp_row, m0 + warp_row + kM * 16, n0, n0 + kBN))
         apply_visibility(s, m0 + warp_row, n0, lane, mask.q_seg, mask.q_len, mask.kv_seg, mask.kv_len,
-                         [&](int row, int col) { return mask.visible(row, col); });
+                         [&](int row, int col) {
+                           return mask.visible(row, col) && (!kDense || mask.dense_ok(head, row, col));
+                         });
     } else if (n0 + kBN > S || (causal && n0 + kBN - 1 > m0)) {
       apply_mask(s, m0 + warp_row, n0, lane,
                  [&](int row, int col) { return col >= S || (causal && col > row); });
@@ -126,7 +140,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   }
 
   float inv[kM][2], lse[kM][2];
-  softmax.finish(softcap > 0.f ? 1.f : p.scale, inv, lse);
+  softmax.finish(prescaled ? 1.f : p.scale, inv, lse);
   if ((lane & 3) == 0) {
 #pragma unroll
     for (int i = 0; i < kM; ++i)
@@ -152,7 +166,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
 template <int kHeadDim, typename Elem>
 LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream) {
   using Tile = typename FwdTileFor<kHeadDim>::type;
-  auto kernel = p.has_masks() ? flash_fwd_kernel<Tile, Elem, true> : flash_fwd_kernel<Tile, Elem, false>;
+  auto kernel = p.bias != nullptr || p.mask != nullptr ? flash_fwd_kernel<Tile, Elem, true, true>
+                : p.has_masks()   ? flash_fwd_kernel<Tile, Elem, true, false>
+                                  : flash_fwd_kernel<Tile, Elem, false, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Tile::kSmemBytes);
   if (err != cudaSuccess) return {err, "flash_fwd_sm80 (set smem)"};

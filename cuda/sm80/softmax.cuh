@@ -31,16 +31,35 @@ __device__ __forceinline__ void apply_mask(float (&s)[kM][kN8][4], int row0, int
       }
 }
 
-// Soft-capped logits: s becomes cap * tanh(scale * s / cap) (then scaled by 1).
-template <int kM, int kN8>
-__device__ __forceinline__ void apply_softcap(float (&s)[kM][kN8][4], float scale, float cap) {
-  const float inv_cap = 1.f / cap;
+// Masked kernels with a soft cap or a bias: s becomes softcap(scale * s) +
+// bias (cap * tanh(x / cap); cap = 0: no cap; the softmax then scales by 1).
+// With kBias, the bias of (row, col) is row_ptr(row)[col * col_step], read
+// where row_ptr(row) is non-null and col < col_limit (else 0: such pairs are
+// invisible anyway); one row pointer per fragment row keeps the index math
+// (and the registers) small.
+template <bool kBias, int kM, int kN8, typename RowPtr>
+__device__ __forceinline__ void prescale_logits(float (&s)[kM][kN8][4], int row0, int col0, int lane, float scale,
+                                                float cap, RowPtr row_ptr, int64_t col_step, int col_limit) {
+  const int g = lane >> 2, t = lane & 3;
+  const float inv_cap = cap > 0.f ? 1.f / cap : 0.f;
 #pragma unroll
   for (int i = 0; i < kM; ++i)
 #pragma unroll
-    for (int j = 0; j < kN8; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const float* rp = kBias ? row_ptr(row0 + i * 16 + g + 8 * h) : nullptr;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[i][j][e] = softcap_forward(s[i][j][e] * scale, cap, inv_cap);
+      for (int j = 0; j < kN8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float& x = s[i][j][2 * h + c];
+          x *= scale;
+          if (cap > 0.f) x = softcap_forward(x, cap, inv_cap);
+          if (kBias) {
+            const int col = col0 + j * 8 + 2 * t + c;
+            if (rp != nullptr && col < col_limit) x += __ldg(rp + col * col_step);
+          }
+        }
+    }
 }
 
 // Masked kernels: sets to -inf every element with !visible(row, col) or,

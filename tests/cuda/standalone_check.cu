@@ -34,14 +34,18 @@ namespace jc = jaxattn::cuda;
 
 
 // Masks of a case (the masked kernels): window, lengths of batch 0 (others
-// full), a soft cap, and packed segment ids (query i in document i / q_doc,
-// key j in j / kv_doc; 0 = no segment ids).
+// full), a soft cap, packed segment ids (query i in document i / q_doc, key j
+// in j / kv_doc; 0 = no segment ids), a dense bias [1, N, T, S] (broadcast
+// over the batch; its gradient is checked) and a dense mask [B, 1, T, S].
 struct Masks {
   int left = -1, right = -1;
   int q_len0 = -1, kv_len0 = -1;
   float softcap = 0.f;
   int q_doc = 0, kv_doc = 0;
-  bool any() const { return left >= 0 || right >= 0 || q_len0 >= 0 || kv_len0 >= 0 || softcap > 0 || q_doc > 0; }
+  bool bias = false, mask = false;
+  bool any() const {
+    return left >= 0 || right >= 0 || q_len0 >= 0 || kv_len0 >= 0 || softcap > 0 || q_doc > 0 || bias || mask;
+  }
 };
 
 struct Case {
@@ -60,12 +64,23 @@ static std::string describe(const Case& c) {
   if (m.q_len0 >= 0 || m.kv_len0 >= 0) n += std::snprintf(buf + n, sizeof buf - n, " len(%d,%d)", m.q_len0, m.kv_len0);
   if (m.softcap > 0) n += std::snprintf(buf + n, sizeof buf - n, " cap%g", m.softcap);
   if (m.q_doc > 0) n += std::snprintf(buf + n, sizeof buf - n, " docs(%d,%d)", m.q_doc, m.kv_doc);
+  if (m.bias) n += std::snprintf(buf + n, sizeof buf - n, " bias");
+  if (m.mask) n += std::snprintf(buf + n, sizeof buf - n, " mask");
   return buf;
 }
 
+// The dense mask of a case: [B, 1, T, S], about 70% true.
+static std::vector<uint8_t> dense_mask(const Case& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> m(size_t(c.B) * c.T * c.S);
+  for (auto& x : m) x = (rng() % 10) < 7;
+  return m;
+}
+
 // Whether query i of batch b sees key j (the float64 reference's rule, written
-// independently of common/mask.cuh).
-static bool ref_visible(const Case& c, int b, int i, int j) {
+// independently of common/mask.cuh); dmask: the dense mask, or empty.
+static bool ref_visible(const Case& c, int b, int i, int j, const std::vector<uint8_t>& dmask) {
+  if (!dmask.empty() && !dmask[(size_t(b) * c.T + i) * c.S + j]) return false;
   const Masks& m = c.m;
   const int ql = (b == 0 && m.q_len0 >= 0) ? std::min(m.q_len0, c.T) : c.T;
   const int kl = (b == 0 && m.kv_len0 >= 0) ? std::min(m.kv_len0, c.S) : c.S;
@@ -135,6 +150,7 @@ struct Err {
 struct Result {
   double o, lse, dq, dk, dv;
   bool pad_intact;
+  double dbias = 0;  // (with a bias)
 };
 
 static Result run_case(const Case& c, uint64_t seed) {
@@ -192,6 +208,32 @@ static Result run_case(const Case& c, uint64_t seed) {
       p.q_segment_ids = d_seg, p.kv_segment_ids = d_seg + size_t(c.B) * c.T;
     }
   }
+  // Dense bias [1, N, T, S] with its gradient, dense mask [B, 1, T, S].
+  const size_t nbias = size_t(c.N) * c.T * c.S;
+  std::vector<float> bias_h;
+  std::vector<uint8_t> dmask;
+  float *d_bias = nullptr, *d_dbias = nullptr;
+  bool* d_mask = nullptr;
+  if (m.bias) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    bias_h.resize(nbias);
+    for (float& x : bias_h) x = nd(rng);
+    CUDA_CHECK(cudaMalloc(&d_bias, nbias * 4));
+    CUDA_CHECK(cudaMalloc(&d_dbias, nbias * 4));
+    CUDA_CHECK(cudaMemcpy(d_bias, bias_h.data(), nbias * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(d_dbias, 0xFF, nbias * 4));  // NaN: the launcher must zero it
+    p.bias = d_bias, p.dbias = d_dbias;
+    const int dims[5] = {1, 1, c.N, c.T, c.S};
+    std::copy(dims, dims + 5, p.bias_dims);
+  }
+  if (m.mask) {
+    dmask = dense_mask(c, seed ^ 0x5bd1e995);
+    CUDA_CHECK(cudaMalloc(&d_mask, dmask.size()));
+    CUDA_CHECK(cudaMemcpy(d_mask, dmask.data(), dmask.size(), cudaMemcpyHostToDevice));  // (bool = 1 byte)
+    p.mask = d_mask;
+    const int dims[5] = {1, c.B, 1, c.T, c.S};
+    std::copy(dims, dims + 5, p.mask_dims);
+  }
 
   check_launch(jc::flash_fwd_sm80(p, 0));
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -205,6 +247,8 @@ static Result run_case(const Case& c, uint64_t seed) {
   const int G = c.N / c.K;
   Err e_o, e_lse, e_dq, e_dk, e_dv;
   std::vector<Err> eo(c.B * c.K), else_(c.B * c.K), edq(c.B * c.K), edk(c.B * c.K), edv(c.B * c.K);
+  // d(loss)/d(bias) per (b, kv head), summed after the parallel loop.
+  std::vector<std::vector<double>> dbias_part(m.bias ? c.B * c.K : 0, std::vector<double>(nbias, 0.0));
 #pragma omp parallel for schedule(dynamic)
   for (int bk = 0; bk < c.B * c.K; ++bk) {
     const int b = bk / c.K, kh = bk % c.K, H = c.H;
@@ -216,11 +260,12 @@ static Result run_case(const Case& c, uint64_t seed) {
         double mx = -INFINITY;
         for (int j = 0; j < jend; ++j) {
           s[j] = -INFINITY;
-          if (!ref_visible(c, b, i, j)) continue;
+          if (!ref_visible(c, b, i, j, dmask)) continue;
           double acc = 0;
           for (int d = 0; d < H; ++d) acc += q.at(b, i, n, d) * k.at(b, j, kh, d);
           s[j] = acc * scale;
           if (m.softcap > 0) s[j] = m.softcap * std::tanh(s[j] / m.softcap);
+          if (m.bias) s[j] += bias_h[(size_t(n) * c.T + i) * c.S + j];
           mx = std::max(mx, s[j]);
         }
         double l = 0;
@@ -248,6 +293,10 @@ static Result run_case(const Case& c, uint64_t seed) {
           double dp = 0;
           for (int d = 0; d < H; ++d) dp += dout.at(b, i, n, d) * v.at(b, j, kh, d);
           double ds = pr[j] * (dp - dps);
+          if (m.bias) {
+            dbias_part[bk][(size_t(n) * c.T + i) * c.S + j] += ds;
+            if (pr[j] > 0) s[j] -= bias_h[(size_t(n) * c.T + i) * c.S + j];  // the capped logit
+          }
           if (m.softcap > 0 && pr[j] > 0) ds *= 1.0 - (s[j] / m.softcap) * (s[j] / m.softcap);
           for (int d = 0; d < H; ++d) {
             dqrow[d] += scale * ds * k.at(b, j, kh, d);
@@ -268,6 +317,16 @@ static Result run_case(const Case& c, uint64_t seed) {
     for (const Err& e : v) into.num += e.num, into.den += e.den, into.n += e.n, into.bad += e.bad;
   };
   merge(e_o, eo), merge(e_lse, else_), merge(e_dq, edq), merge(e_dk, edk), merge(e_dv, edv);
+  Err e_dbias;
+  if (m.bias) {
+    std::vector<float> got(nbias);
+    CUDA_CHECK(cudaMemcpy(got.data(), d_dbias, nbias * 4, cudaMemcpyDeviceToHost));
+    for (size_t x = 0; x < nbias; ++x) {
+      double ref = 0;
+      for (const auto& part : dbias_part) ref += part[x];
+      e_dbias.add(got[x], ref);
+    }
+  }
 
   // Pad columns (strided cases) must still hold the poison: never written.
   bool pad_ok = true;
@@ -285,7 +344,12 @@ static Result run_case(const Case& c, uint64_t seed) {
   CUDA_CHECK(cudaFree(dpsum));
   if (d_lens) CUDA_CHECK(cudaFree(d_lens));
   if (d_seg) CUDA_CHECK(cudaFree(d_seg));
-  return {e_o.rel(), e_lse.rel(), e_dq.rel(), e_dk.rel(), e_dv.rel(), pad_ok};
+  if (d_bias) {
+    CUDA_CHECK(cudaFree(d_bias));
+    CUDA_CHECK(cudaFree(d_dbias));
+  }
+  if (d_mask) CUDA_CHECK(cudaFree(d_mask));
+  return {e_o.rel(), e_lse.rel(), e_dq.rel(), e_dk.rel(), e_dv.rel(), pad_ok, e_dbias.rel()};
 }
 
 // ---- benchmark --------------------------------------------------------------
@@ -444,6 +508,9 @@ int main(int argc, char** argv) {
       {2, 333, 257, 4, 1, 96, true, true, 0, {90, 0, 250, 200, 3.f, 50, 40}},
       {1, 200, 200, 2, 1, 256, true, false, 0, {30, 30, -1, -1, 0.f, 64, 64}},
       {1, 200, 200, 2, 1, 32, true, true, 0, {0, 0, 150, 180}},
+      {2, 333, 257, 4, 2, 128, true, false, 0, {-1, -1, -1, -1, 0.f, 0, 0, true, true}},
+      {2, 257, 333, 4, 1, 64, false, true, 0, {60, 10, 200, -1, 4.f, 0, 0, true, false}},
+      {1, 300, 300, 4, 2, 256, true, true, 0, {-1, -1, -1, -1, 0.f, 70, 70, true, true}},
   };
   if (quick) cases = {cases[2], cases[8], cases[9], cases[16]};
   auto on_h128 = [](const Case& c) { return c.H > 96 && c.H <= 128; };
@@ -458,11 +525,12 @@ int main(int argc, char** argv) {
       const double tol = c.bf16 ? 2e-2 : 4e-3;
       const double lse_tol = 1e-4;  // relative; lse is computed in f32
       const bool ok = r.o < tol && r.dq < tol && r.dk < tol && r.dv < tol && r.lse < lse_tol &&
-                      r.pad_intact;
+                      r.dbias < tol && r.pad_intact;
       all_ok &= ok;
-      char buf[256];
-      std::snprintf(buf, sizeof buf, "%-40s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e %s%s",
-                    describe(c).c_str(), r.o, r.lse, r.dq, r.dk, r.dv, ok ? "ok" : "FAIL",
+      char buf[320];
+      std::snprintf(buf, sizeof buf, "%-40s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e%s %s%s",
+                    describe(c).c_str(), r.o, r.lse, r.dq, r.dk, r.dv,
+                    c.m.bias ? (" dbias " + std::to_string(r.dbias)).c_str() : "", ok ? "ok" : "FAIL",
                     r.pad_intact ? "" : " (pad written)");
       std::printf("%s\n", buf);
       std::fflush(stdout);
