@@ -24,6 +24,12 @@ GRID = [(64, jnp.bfloat16, 333, 257), (128, jnp.float16, 257, 333), (80, jnp.bfl
         (128, jnp.bfloat16, 333, 257)]
 
 
+def cycled(cases, configs, per_case: int):
+    """Each case with `per_case` of the configs, taken in turn (every config is
+    used, the GPU time stays small): [(case, *config), ...]."""
+    return [(c, *configs[(i * per_case + j) % len(configs)]) for i, c in enumerate(cases) for j in range(per_case)]
+
+
 @pytest.mark.parametrize("impl", ["cuda", "cuda_sm80"])
 def test_masked_calls_run_the_portable_kernels(impl):
     q, k, v = random_inputs((2, 64, 4, 128), (2, 64, 2, 128), jnp.bfloat16)
@@ -36,8 +42,7 @@ def test_masked_calls_run_the_portable_kernels(impl):
         assert jaxattn.kernel_for(q, k, v, implementation=impl, is_causal=True, **kw) == "cuda:fwd=sm80,bwd=sm80"
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("H,dtype,T,S", GRID)
+@pytest.mark.parametrize("case,H,dtype,T,S", cycled(sorted(CASES), GRID, 2))
 def test_window_lengths(case, H, dtype, T, S):
     """Windows (symmetric, one-sided, zero) and lengths, alone and x causal."""
     is_causal, window, ql, kl = CASES[case]
@@ -65,8 +70,7 @@ def test_window_lengths_other_head_dims(case, H):
     check_backward("cuda", 2, 150, 300, 4, 2, H, jnp.float16, **kw)
 
 
-@pytest.mark.parametrize("case", sorted(SEG_CASES))
-@pytest.mark.parametrize("H,dtype", HEADS)
+@pytest.mark.parametrize("case,H,dtype", cycled(sorted(SEG_CASES), HEADS, 2))
 def test_segments(case, H, dtype):
     """Segments alone and x causal, x padding (lengths), x window, x GQA; unsorted ids."""
     T, S, K, kw = SEG_CASES[case]
@@ -85,8 +89,7 @@ def test_softcap_gqa(softcap, H, dtype):
 
 
 # Dense bias / mask shapes of test_masks (broadcast against [2, 4, 150, 300]).
-@pytest.mark.parametrize("shape", DENSE_SHAPES, ids=str)
-@pytest.mark.parametrize("H,dtype", HEADS[:2])
+@pytest.mark.parametrize("shape,H,dtype", cycled(DENSE_SHAPES, HEADS, 1), ids=str)
 def test_bias(shape, H, dtype):
     """The bias read through its broadcast strides; dbias summed over the broadcast dims."""
     bias = _dense(shape, "bias", len(shape) + sum(shape))
@@ -94,16 +97,14 @@ def test_bias(shape, H, dtype):
     check_backward("cuda", 2, 150, 300, 4, 2, H, dtype, bias=bias)
 
 
-@pytest.mark.parametrize("shape", DENSE_SHAPES[:-1], ids=str)
-@pytest.mark.parametrize("H,dtype", HEADS[:2])
+@pytest.mark.parametrize("shape,H,dtype", cycled(DENSE_SHAPES[:-1], HEADS, 1), ids=str)
 def test_mask(shape, H, dtype):
     mask = _dense(shape, "mask", len(shape) + sum(shape))
     check_forward("cuda", 2, 150, 300, 4, 2, H, dtype, mask=mask)
     check_backward("cuda", 2, 150, 300, 4, 2, H, dtype, mask=mask)
 
 
-@pytest.mark.parametrize("case", sorted(DENSE_PAIRS))
-@pytest.mark.parametrize("H,dtype", HEADS)
+@pytest.mark.parametrize("case,H,dtype", cycled(sorted(DENSE_PAIRS), HEADS, 2))
 def test_dense_pairs(case, H, dtype):
     """Bias x mask, x causal, x window, x GQA, x soft cap, x lengths."""
     K, kw, bshape, mshape = DENSE_PAIRS[case]
