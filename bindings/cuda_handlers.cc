@@ -36,14 +36,14 @@ static void device_cc(int* major, int* minor) {
   cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev);
 }
 
-// The forward's dispatch rule: the Hopper kernel where it covers the call,
-// else the portable one.
+// The forward's dispatch rule (cuda::fwd_on_sm90): the Hopper kernel where it
+// covers the call, else the portable one.
 static cuda::LaunchStatus launch_forward(const AttnParams& p, cudaStream_t stream, bool portable_only) {
 #ifdef JAXATTN_WITH_SM90
   int major = 0, minor = 0;
   if (portable_only) return cuda::flash_fwd_sm80(p, stream);
   device_cc(&major, &minor);
-  if (cuda::sm90_fwd_supports(p, major, minor)) return cuda::flash_fwd_sm90(p, stream);
+  if (cuda::fwd_on_sm90(p, major, minor)) return cuda::flash_fwd_sm90(p, stream);
 #endif
   (void)portable_only;
   return cuda::flash_fwd_sm80(p, stream);
@@ -57,9 +57,16 @@ static ffi::Error to_ffi_error(const cuda::LaunchStatus& s) {
 
 static ffi::Error cuda_fwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse, float scale,
-                           bool is_causal, bool portable_only) {
+                           bool is_causal, ffi::Buffer<ffi::S32> q_lengths, ffi::Buffer<ffi::S32> kv_lengths,
+                           int32_t window_left, int32_t window_right, float softcap, ffi::Buffer<ffi::S32> q_seg,
+                           ffi::Buffer<ffi::S32> kv_seg, ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::PRED> mask,
+                           bool has_segments, bool has_bias, bool has_mask, bool has_lengths, bool portable_only) {
   AttnParams p;
   if (auto e = fill_forward(p, q, k, v, *o, *lse, scale, is_causal); e.failure()) return e;
+  if (auto e = fill_mask_args(p, q_lengths, kv_lengths, window_left, window_right, softcap, q_seg, kv_seg, bias, mask,
+                              has_segments, has_bias, has_mask, has_lengths);
+      e.failure())
+    return e;
   if (auto e = check_cuda_supported(p); e.failure()) return e;
   return to_ffi_error(launch_forward(p, stream, portable_only));
 }
@@ -70,7 +77,7 @@ static cuda::LaunchStatus launch_backward(const AttnParams& p, cudaStream_t stre
   int major = 0, minor = 0;
   if (portable_only) return cuda::flash_bwd_sm80(p, stream);
   device_cc(&major, &minor);
-  if (cuda::sm90_bwd_supports(p, major, minor)) return cuda::flash_bwd_sm90(p, stream);
+  if (cuda::bwd_on_sm90(p, major, minor)) return cuda::flash_bwd_sm90(p, stream);
 #endif
   (void)portable_only;
   return cuda::flash_bwd_sm80(p, stream);
@@ -82,10 +89,19 @@ static ffi::Error cuda_bwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
                            ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                            ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
                            ffi::Result<ffi::Buffer<ffi::S32>> dq_semaphore, float scale, bool is_causal,
-                           bool portable_only, bool deterministic) {
+                           ffi::Buffer<ffi::S32> q_lengths, ffi::Buffer<ffi::S32> kv_lengths, int32_t window_left,
+                           int32_t window_right, float softcap, ffi::Buffer<ffi::S32> q_seg,
+                           ffi::Buffer<ffi::S32> kv_seg, ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::PRED> mask,
+                           bool has_segments, bool has_bias, bool has_mask, bool has_lengths,
+                           ffi::Result<ffi::Buffer<ffi::F32>> dbias, bool portable_only, bool deterministic) {
   AttnParams p;
   if (auto e = fill_backward(p, q, k, v, o, lse, dout, dlse, *dq, *dk, *dv, scale, is_causal); e.failure())
     return e;
+  if (auto e = fill_mask_args(p, q_lengths, kv_lengths, window_left, window_right, softcap, q_seg, kv_seg, bias, mask,
+                              has_segments, has_bias, has_mask, has_lengths);
+      e.failure())
+    return e;
+  if (auto e = fill_dbias(p, bias, *dbias); e.failure()) return e;
   if (auto e = check_cuda_supported(p); e.failure()) return e;
   // Workspace: dq_accum is q-shaped, dpsum is [..., N, T], dq_semaphore [..., N, ceil(T / 32)].
   if (!same_dims(dq_accum->dimensions(), q.dimensions()))
@@ -108,18 +124,18 @@ static ffi::Error cuda_bwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxattnCudaFwd, jaxattn::cuda_fwd,
-    jaxattn::bind_options(jaxattn::bind_forward_buffers(
-                              xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()))
+    jaxattn::bind_mask_args(jaxattn::bind_options(jaxattn::bind_forward_buffers(
+                                xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>())))
         .Attr<bool>("portable_only"),  // skip the Hopper kernel
     {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxattnCudaBwd, jaxattn::cuda_bwd,
-    jaxattn::bind_options(
+    jaxattn::bind_dbias_ret(jaxattn::bind_mask_args(jaxattn::bind_options(
         jaxattn::bind_backward_buffers(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>())
-            .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // dq_accum (workspace)
-            .Ret<xla::ffi::Buffer<xla::ffi::F32>>()     // dpsum (workspace)
-            .Ret<xla::ffi::Buffer<xla::ffi::S32>>())    // dq_semaphore (workspace)
+            .Ret<xla::ffi::Buffer<xla::ffi::F32>>()      // dq_accum (workspace)
+            .Ret<xla::ffi::Buffer<xla::ffi::F32>>()      // dpsum (workspace)
+            .Ret<xla::ffi::Buffer<xla::ffi::S32>>())))   // dq_semaphore (workspace)
         .Attr<bool>("portable_only")   // skip the Hopper kernel
         .Attr<bool>("deterministic"),  // ordered dQ accumulation: identical bits run to run
     {xla::ffi::Traits::kCmdBufferCompatible});

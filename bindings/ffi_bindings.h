@@ -42,14 +42,14 @@ auto bind_options(Binding b) {
   return std::move(b).template Attr<float>("scale").template Attr<bool>("is_causal");
 }
 
-// The masking inputs and options of the CPU handlers (appended after the
-// pass's buffers and options): q_lengths, kv_lengths int32 [...batch]
-// buffers, the local window attributes (-1 = unlimited), the logit soft cap
-// (0 = off); then q_segment_ids [...batch, T] and kv_segment_ids [...batch,
-// S] int32, the dense bias (f32) and mask (pred), each broadcastable as
-// AttnParams describes, and the flags that say which of these three are real
-// (an absent one is a placeholder buffer the handler does not read). The CUDA
-// handlers do not take them yet.
+// The masking inputs and options of the CPU and CUDA handlers (appended
+// after the pass's buffers and options; decoded by fill_mask_args): q_lengths,
+// kv_lengths int32 [...batch] buffers, the local window attributes (-1 =
+// unlimited), the logit soft cap (0 = off); then q_segment_ids [...batch, T]
+// and kv_segment_ids [...batch, S] int32, the dense bias (f32) and mask
+// (pred), each broadcastable as AttnParams describes, and the flags that say
+// which of the lengths, segments, bias and mask are real (an absent one is a
+// placeholder buffer the handler does not read).
 template <typename Binding>
 auto bind_mask_args(Binding b) {
   return std::move(b).template Arg<ffi::Buffer<ffi::S32>>()  // q_lengths
@@ -63,7 +63,8 @@ auto bind_mask_args(Binding b) {
       .template Arg<ffi::Buffer<ffi::PRED>>()  // mask
       .template Attr<bool>("has_segments")
       .template Attr<bool>("has_bias")
-      .template Attr<bool>("has_mask");
+      .template Attr<bool>("has_mask")
+      .template Attr<bool>("has_lengths");
 }
 
 // The backward's extra result: dbias, f32 with the bias's shape when the

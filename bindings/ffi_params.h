@@ -138,12 +138,13 @@ inline ffi::Error fill_backward(AttnParams& p, const ffi::AnyBuffer& q, const ff
 }
 
 // The masking inputs of a call (after fill_forward / fill_backward): per-batch
-// lengths, int32 with one element per folded batch entry, and the window.
+// lengths, int32 with one element per folded batch entry (when has_lengths;
+// else placeholders, not read), and the window.
 inline ffi::Error fill_masks(AttnParams& p, const ffi::Buffer<ffi::S32>& q_lengths,
-                             const ffi::Buffer<ffi::S32>& kv_lengths, int32_t window_left,
+                             const ffi::Buffer<ffi::S32>& kv_lengths, bool has_lengths, int32_t window_left,
                              int32_t window_right, float softcap) {
-  if (static_cast<int64_t>(q_lengths.element_count()) != p.batch ||
-      static_cast<int64_t>(kv_lengths.element_count()) != p.batch)
+  if (has_lengths && (static_cast<int64_t>(q_lengths.element_count()) != p.batch ||
+                      static_cast<int64_t>(kv_lengths.element_count()) != p.batch))
     return invalid("query/key-value lengths must hold one int32 per batch entry (" + std::to_string(p.batch) +
                    "), got " + dims_str(q_lengths.dimensions()) + " and " + dims_str(kv_lengths.dimensions()));
   if (window_left < -1 || window_right < -1)
@@ -152,8 +153,10 @@ inline ffi::Error fill_masks(AttnParams& p, const ffi::Buffer<ffi::S32>& q_lengt
   if (!std::isfinite(softcap) || softcap < 0.f)
     return invalid("logits soft cap must be finite and >= 0 (0 = off), got " + std::to_string(softcap));
   p.softcap = softcap;
-  p.q_lengths = q_lengths.typed_data();
-  p.kv_lengths = kv_lengths.typed_data();
+  if (has_lengths) {
+    p.q_lengths = q_lengths.typed_data();
+    p.kv_lengths = kv_lengths.typed_data();
+  }
   p.window_left = window_left;
   p.window_right = window_right;
   return ffi::Error::Success();
@@ -208,6 +211,18 @@ inline ffi::Error fill_dense_masks(AttnParams& p, const ffi::Buffer<ffi::S32>& q
     p.mask = mask.typed_data();
   }
   return ffi::Error::Success();
+}
+
+// Every masking operand and option of bind_mask_args (after fill_forward /
+// fill_backward): the one decoding the CPU and CUDA handlers share.
+inline ffi::Error fill_mask_args(AttnParams& p, const ffi::Buffer<ffi::S32>& q_lengths,
+                                 const ffi::Buffer<ffi::S32>& kv_lengths, int32_t window_left, int32_t window_right,
+                                 float softcap, const ffi::Buffer<ffi::S32>& q_seg, const ffi::Buffer<ffi::S32>& kv_seg,
+                                 const ffi::Buffer<ffi::F32>& bias, const ffi::Buffer<ffi::PRED>& mask,
+                                 bool has_segments, bool has_bias, bool has_mask, bool has_lengths) {
+  if (auto e = fill_masks(p, q_lengths, kv_lengths, has_lengths, window_left, window_right, softcap); e.failure())
+    return e;
+  return fill_dense_masks(p, q_seg, kv_seg, bias, mask, has_segments, has_bias, has_mask);
 }
 
 // The backward's dbias result (after fill_dense_masks): the bias's shape when

@@ -24,8 +24,9 @@ static nb::capsule capsule(T* fn) {
 #ifdef JAXATTN_WITH_SM90
 // Params of a call with contiguous tensors at an aligned stand-in address: what the
 // dispatch rules see for XLA's buffers (only sizes, strides and alignment matter).
+// `masked`: the call uses a mask option (the stand-in marks it with lengths).
 static jaxattn::AttnParams stand_in_params(int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
-                                           int head_dim, bool half_precision, bool deterministic) {
+                                           int head_dim, bool half_precision, bool deterministic, bool masked) {
   jaxattn::AttnParams p;
   p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
   p.num_heads = num_heads, p.num_heads_k = num_heads_k, p.head_dim = head_dim;
@@ -38,6 +39,7 @@ static jaxattn::AttnParams stand_in_params(int batch, int seqlen_q, int seqlen_k
   p.lse = p.dq_accum = p.dpsum = reinterpret_cast<float*>(stand_in);
   p.deterministic = deterministic;
   p.dq_semaphore = reinterpret_cast<int32_t*>(stand_in);
+  if (masked) p.q_lengths = p.kv_lengths = reinterpret_cast<int32_t*>(stand_in);
   return p;
 }
 #endif
@@ -68,22 +70,28 @@ NB_MODULE(_jaxattn, m) {
   // contiguous, 64-byte aligned (the addresses below are stand-ins).
   // Which CUDA kernel each pass uses for a call of these sizes on a device of this
   // compute capability (contiguous, aligned tensors, as XLA gives them): "sm90" or "sm80".
+  // `masked`: the call uses a mask option (window, lengths, segments, soft cap).
   m.def("cuda_forward_kernel", [](int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
-                                  int head_dim, bool half_precision, int cc_major, int cc_minor) -> std::string {
+                                  int head_dim, bool half_precision, bool masked, int cc_major,
+                                  int cc_minor) -> std::string {
 #ifdef JAXATTN_WITH_SM90
-    const jaxattn::AttnParams p =
-        stand_in_params(batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim, half_precision, false);
-    if (jaxattn::cuda::sm90_fwd_supports(p, cc_major, cc_minor)) return "sm90";
+    const jaxattn::AttnParams p = stand_in_params(batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim,
+                                                  half_precision, false, masked);
+    if (jaxattn::cuda::fwd_on_sm90(p, cc_major, cc_minor)) return "sm90";
+#else
+    (void)masked;
 #endif
     return "sm80";
   });
   m.def("cuda_backward_kernel", [](int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
-                                   int head_dim, bool half_precision, bool deterministic, int cc_major,
+                                   int head_dim, bool half_precision, bool deterministic, bool masked, int cc_major,
                                    int cc_minor) -> std::string {
 #ifdef JAXATTN_WITH_SM90
     const jaxattn::AttnParams p = stand_in_params(batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim,
-                                                  half_precision, deterministic);
-    if (jaxattn::cuda::sm90_bwd_supports(p, cc_major, cc_minor)) return "sm90";
+                                                  half_precision, deterministic, masked);
+    if (jaxattn::cuda::bwd_on_sm90(p, cc_major, cc_minor)) return "sm90";
+#else
+    (void)masked;
 #endif
     return "sm80";
   });

@@ -18,7 +18,8 @@ struct LaunchStatus {
 };
 
 // Portable path (mma.sync, sm_80+). Supports bf16/fp16, head_dim % 8 == 0 and
-// head_dim <= 256, any T, S, GQA/MQA, causal.
+// head_dim <= 256, any T, S, GQA/MQA, causal; local windows, per-batch lengths,
+// segment ids, the soft cap, the dense bias (dbias when p.dbias is set) and mask.
 // Forward writes o and lse.
 LaunchStatus flash_fwd_sm80(const AttnParams& p, cudaStream_t stream);
 // Backward reads q, k, v, o, lse, dout; uses dq_accum and dpsum (workspace);
@@ -35,6 +36,26 @@ LaunchStatus flash_fwd_sm90(const AttnParams& p, cudaStream_t stream);
 bool sm90_bwd_supports(const AttnParams& p, int cc_major, int cc_minor);
 // Backward, like flash_bwd_sm80 (same workspace).
 LaunchStatus flash_bwd_sm90(const AttnParams& p, cudaStream_t stream);
+// The dispatch rule between the Hopper and the portable kernels, asked by the
+// FFI handlers and by jaxattn.kernel_for (bindings/module.cc): the Hopper
+// kernel where it covers the call; masked calls (AttnParams::has_masks) run
+// the portable kernels, which take masks (the Hopper ones do not yet).
+inline bool fwd_on_sm90(const AttnParams& p, int cc_major, int cc_minor) {
+#ifdef JAXATTN_WITH_SM90
+  return !p.has_masks() && sm90_fwd_supports(p, cc_major, cc_minor);
+#else
+  (void)p, (void)cc_major, (void)cc_minor;
+  return false;
+#endif
+}
+inline bool bwd_on_sm90(const AttnParams& p, int cc_major, int cc_minor) {
+#ifdef JAXATTN_WITH_SM90
+  return !p.has_masks() && sm90_bwd_supports(p, cc_major, cc_minor);
+#else
+  (void)p, (void)cc_major, (void)cc_minor;
+  return false;
+#endif
+}
 // One-time host set-up of the Hopper path (looks up the driver's tensor-map
 // encoder), done when the FFI targets are registered so that no such call
 // happens while XLA captures a stream into a CUDA graph. Harmless without a

@@ -36,11 +36,16 @@ def _forward(target: str, q, k, v, scale: float, is_causal: bool, *operands, **e
 
 
 def _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids, kv_segment_ids, bias, mask):
-    """The CPU targets' masking operands and attributes: lengths int32 [B] (full
-    when not given), segment ids int32 [B, T] / [B, S], the dense bias f32 and
-    mask bool (a placeholder [1, 1, 1, 1] when absent, with has_* False), the
-    window (-1: unlimited) and the soft cap (0: off)."""
+    """The masking operands and attributes every target takes (CPU and CUDA
+    alike; bindings/ffi_bindings.h bind_mask_args): lengths int32 [B] (a
+    missing one of the two is the full length; a placeholder [1] when neither),
+    segment ids int32 [B, T] / [B, S], the dense bias f32 and mask bool (a
+    placeholder [1, 1, 1, 1] when absent), with has_* False for a placeholder;
+    the window (-1: unlimited) and the soft cap (0: off)."""
     B, T, S = q.shape[0], q.shape[1], k.shape[1]
+    has_lengths = q_lengths is not None or kv_lengths is not None
+    if not has_lengths:
+        q_lengths = kv_lengths = jnp.zeros((1,), jnp.int32)
     if q_lengths is None:
         q_lengths = jnp.full((B,), T, jnp.int32)
     if kv_lengths is None:
@@ -54,7 +59,8 @@ def _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids, 
     left, right = (-1, -1) if window is None else window
     attrs = {"window_left": np.int32(left), "window_right": np.int32(right),
              "softcap": np.float32(0.0 if softcap is None else softcap),
-             "has_segments": has_segments, "has_bias": has_bias, "has_mask": has_mask}
+             "has_segments": has_segments, "has_bias": has_bias, "has_mask": has_mask,
+             "has_lengths": has_lengths}
     operands = (q_lengths.astype(jnp.int32), kv_lengths.astype(jnp.int32), q_segment_ids.astype(jnp.int32),
                 kv_segment_ids.astype(jnp.int32), bias, mask)
     return operands, attrs
@@ -68,15 +74,20 @@ def cpu_forward(q, k, v, q_lengths=None, kv_lengths=None, q_segment_ids=None, kv
     return _forward("jaxattn_cpu_fwd", q, k, v, scale, is_causal, *operands, **attrs)
 
 
-def cuda_forward(q, k, v, *, scale: float, is_causal: bool, portable_only: bool = False):
+def cuda_forward(q, k, v, q_lengths=None, kv_lengths=None, q_segment_ids=None, kv_segment_ids=None, bias=None,
+                 mask=None, *, scale: float, is_causal: bool, window=None, softcap=None, portable_only: bool = False):
     """(out, lse) from the CUDA kernels: the Hopper one where it covers the call,
-    else the portable one (always the portable one with `portable_only`)."""
-    return _forward("jaxattn_cuda_fwd", q, k, v, scale, is_causal, portable_only=bool(portable_only))
+    else the portable one (always the portable one with `portable_only`, and
+    for masked calls: window, lengths, segments, soft cap, dense bias and mask)."""
+    operands, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids,
+                                     kv_segment_ids, bias, mask)
+    return _forward("jaxattn_cuda_fwd", q, k, v, scale, is_causal, *operands, portable_only=bool(portable_only),
+                    **attrs)
 
 
-def cuda_sm80_forward(q, k, v, *, scale: float, is_causal: bool):
+def cuda_sm80_forward(q, k, v, *masks, **kwargs):
     """(out, lse) from the portable (sm_80+) CUDA kernel only."""
-    return cuda_forward(q, k, v, scale=scale, is_causal=is_causal, portable_only=True)
+    return cuda_forward(q, k, v, *masks, **kwargs, portable_only=True)
 
 
 def _grad_types(q, k):
@@ -103,29 +114,35 @@ def cpu_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None,
     return (dq, dk, dv, dbias) if want else (dq, dk, dv)
 
 
-def cuda_backward(q, k, v, out, lse, dout, dlse, *, scale: float, is_causal: bool, portable_only: bool = False,
-                  deterministic: bool = False):
-    """(dq, dk, dv) from the CUDA kernels: the Hopper one where it covers the call,
-    else the portable one (always the portable one with `portable_only`).
+def cuda_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None, q_segment_ids=None,
+                  kv_segment_ids=None, bias=None, mask=None, *, scale: float, is_causal: bool, window=None,
+                  softcap=None, portable_only: bool = False, deterministic: bool = False, bias_grad: bool = True):
+    """(dq, dk, dv), plus dbias (float32, the bias's shape) with a bias and
+    `bias_grad`, from the CUDA kernels: the Hopper one where it covers the
+    call, else the portable one (always the portable one with `portable_only`
+    and for masked calls).
 
     dq_accum, dpsum and dq_semaphore are workspace outputs. `deterministic`
-    orders the dQ accumulation so the gradients are identical bit for bit
-    from run to run."""
+    orders the dQ accumulation so dq, dk, dv are identical bit for bit from
+    run to run (dbias is summed with f32 atomics: not bit-reproducible)."""
     register_targets()
+    operands, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids,
+                                     kv_segment_ids, bias, mask)
+    want = bias is not None and bias_grad
     B, T, N, _ = q.shape
     workspace = (
         jax.ShapeDtypeStruct(q.shape, jnp.float32),  # dq_accum
         jax.ShapeDtypeStruct((B, N, T), jnp.float32),  # dpsum
         jax.ShapeDtypeStruct((B, N, -(-T // DQ_SEMAPHORE_ROWS)), jnp.int32),  # dq_semaphore
+        jax.ShapeDtypeStruct(bias.shape if want else (1,), jnp.float32),  # dbias ([1]: not wanted)
     )
-    dq, dk, dv, *_ = jax.ffi.ffi_call(
+    dq, dk, dv, *_, dbias = jax.ffi.ffi_call(
         "jaxattn_cuda_bwd", _grad_types(q, k) + workspace, vmap_method=_VMAP
-    )(q, k, v, out, lse, dout, dlse, **_attrs(scale, is_causal), portable_only=bool(portable_only),
-      deterministic=bool(deterministic))
-    return dq, dk, dv
+    )(q, k, v, out, lse, dout, dlse, *operands, **_attrs(scale, is_causal), portable_only=bool(portable_only),
+      deterministic=bool(deterministic), **attrs)
+    return (dq, dk, dv, dbias) if want else (dq, dk, dv)
 
 
-def cuda_sm80_backward(q, k, v, out, lse, dout, dlse, *, scale: float, is_causal: bool, deterministic: bool = False):
+def cuda_sm80_backward(q, k, v, out, lse, dout, dlse, *masks, **kwargs):
     """(dq, dk, dv) from the portable (sm_80+) CUDA kernel only."""
-    return cuda_backward(q, k, v, out, lse, dout, dlse, scale=scale, is_causal=is_causal, portable_only=True,
-                         deterministic=deterministic)
+    return cuda_backward(q, k, v, out, lse, dout, dlse, *masks, **kwargs, portable_only=True)

@@ -88,10 +88,9 @@ def _local(plan: _Plan, cpu, cuda, ref, fixed: int, cuda_options=()):
     `cuda_options`: extra (name, value) keyword pairs of the CUDA function.
     Cached: one function per plan, so its sharded (jitted) wrapper is reused.
     """
-    kw = dict(scale=plan.scale, is_causal=plan.is_causal)
-    # Only the CPU kernel and the reference take the mask options (the CUDA
-    # kernels are never picked for masked calls: plan.cuda_ok is False).
-    mkw = dict(kw, window=plan.window, softcap=plan.softcap)
+    # Every kernel takes the mask operands and options (the CUDA kernels are
+    # picked only for what they cover: plan.cuda_ok).
+    mkw = dict(scale=plan.scale, is_causal=plan.is_causal, window=plan.window, softcap=plan.softcap)
     names = plan.extra_names()
     # The bias gradient (backward) corresponds to the bias operand.
     grad_args = (fixed + names.index("bias"),) if "bias" in names and plan.bias_grad else ()
@@ -99,7 +98,8 @@ def _local(plan: _Plan, cpu, cuda, ref, fixed: int, cuda_options=()):
         mkw["bias_grad"] = plan.bias_grad
     # The FFI calls' results typed like their inputs inside shard_map.
     cpu = sharding.typed_per_device(_named(functools.partial(cpu, **mkw), fixed, names), grad_args)
-    cuda = sharding.typed_per_device(functools.partial(cuda, **kw, **dict(cuda_options)))
+    cuda = sharding.typed_per_device(_named(functools.partial(cuda, **mkw, **dict(cuda_options)), fixed, names),
+                                     grad_args)
     ref = _named(functools.partial(ref, **mkw), fixed, names)
     if plan.implementation == "reference":  # reached from ring attention's blocks
         return ref
@@ -247,9 +247,8 @@ def flash_attention(
     its keys) gets output 0, lse ``-inf`` and zero gradients. (Unlike
     ``jax.nn.dot_product_attention``, whose masked logits are a large
     finite negative number, so a fully masked but unpadded row gets the mean
-    of the values there.) The CUDA kernels do not take these options yet:
-    with them, ``implementation=None`` runs the reference on GPUs and
-    ``"cuda"`` raises ``NotImplementedError``.
+    of the values there.) On GPUs, masked calls run the portable CUDA
+    kernels (the Hopper ones take no masks yet).
 
     Returns:
       ``out`` with the query's shape and dtype, or ``(out, lse)``.

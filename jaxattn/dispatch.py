@@ -5,6 +5,11 @@ jax.lax.platform_dependent): the CPU kernel on CPU; on CUDA GPUs the CUDA
 kernels when they cover the call, else the pure-JAX reference; the reference
 elsewhere. A forced implementation that cannot run the call raises
 NotImplementedError naming why, so callers can fall back.
+
+Masks on GPUs: local windows, per-batch lengths, segment ids, the soft cap and
+the dense bias / mask run on the portable (sm80) CUDA kernels on every GPU,
+Hopper included (the Hopper kernels take no masks yet; the C++ side of this
+rule is cuda::fwd_on_sm90 / bwd_on_sm90 in cuda/launch.h).
 """
 
 from __future__ import annotations
@@ -18,10 +23,16 @@ from ._validation import AttentionSpec
 CUDA_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
+# The mask features the CUDA kernels do not take (AttentionSpec.mask_features
+# names; such calls run the reference on GPUs): none since masks stage 3.
+CUDA_UNSUPPORTED_MASKS: tuple[str, ...] = ()
+
+
 def cuda_unsupported_reason(spec: AttentionSpec) -> str | None:
     """Why the CUDA kernels cannot run `spec`, or None when they can."""
-    if spec.masked:
-        return f"the CUDA kernels do not support {', '.join(spec.mask_features())} yet"
+    missing = [f for f in spec.mask_features() if f in CUDA_UNSUPPORTED_MASKS]
+    if missing:
+        return f"the CUDA kernels do not support {', '.join(missing)} yet"
     if not built_with_cuda():
         return "jaxattn was built without CUDA kernels (nvcc was not found at build time)"
     if spec.dtype not in CUDA_DTYPES:
@@ -42,12 +53,13 @@ def _compute_capability() -> tuple[int, int]:
 
 
 def cuda_kernel_name(spec: AttentionSpec, deterministic: bool = False) -> str:
-    """The CUDA kernels that run `spec` (it must be supported), e.g. 'cuda:fwd=sm90,bwd=sm90'."""
+    """The CUDA kernels that run `spec` (it must be supported), e.g. 'cuda:fwd=sm90,bwd=sm90'
+    ('cuda:fwd=sm80,bwd=sm80' for masked calls)."""
     sizes = (spec.batch, spec.seqlen_q, spec.seqlen_k, spec.num_heads, spec.num_heads_k, spec.head_dim,
              spec.dtype in CUDA_DTYPES)
     cc = _compute_capability()
-    fwd = _jaxattn.cuda_forward_kernel(*sizes, *cc)
-    bwd = _jaxattn.cuda_backward_kernel(*sizes, bool(deterministic), *cc)
+    fwd = _jaxattn.cuda_forward_kernel(*sizes, spec.masked, *cc)
+    bwd = _jaxattn.cuda_backward_kernel(*sizes, bool(deterministic), spec.masked, *cc)
     return f"cuda:fwd={fwd},bwd={bwd}"
 
 

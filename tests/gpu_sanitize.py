@@ -6,9 +6,11 @@ Not a pytest module (pytest does not collect it): scripts/gpu_check.sh runs
   compute-sanitizer --tool memcheck python3 tests/gpu_sanitize.py
 
 B=1, T=S=200 (ragged: not a multiple of any tile), N=4, K=2 (GQA), H=64,
-bfloat16, causal, implementation="cuda" forced. It checks out, lse, dq, dk,
-dv against the float64 reference (tests/reference64.py) and exits 1 on a
-mismatch or a non-finite value, 2 when the CUDA kernels cannot run here.
+bfloat16, causal, implementation="cuda" forced; then the same with masks (the
+masked kernels: a window, key-value lengths, two packed documents and a soft
+cap; --no-masks skips it). It checks out, lse, dq, dk, dv against the float64
+reference (tests/reference64.py) and exits 1 on a mismatch or a non-finite
+value, 2 when the CUDA kernels cannot run here.
 
 For the sanitizer to see out-of-bounds accesses, every buffer should be its
 own cudaMalloc: run with XLA_PYTHON_CLIENT_ALLOCATOR=platform (the script
@@ -40,6 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--noncausal", action="store_true")
     p.add_argument("--implementation", default="cuda", choices=("cuda", "cpu"),
                    help="cpu: check this script's plumbing on a machine without a GPU")
+    p.add_argument("--no-masks", action="store_true", help="skip the masked run")
     p.add_argument("--tol", type=float, default=2e-2,
                    help="max |ours - ref| / max |ref| per array (bf16: ~4e-3 expected)")
     a = p.parse_args(argv)
@@ -76,23 +79,50 @@ def main(argv=None) -> int:
     rounded = {n: np.asarray(x.astype(jnp.float32)) for n, x in dev.items()}
     scale = 1.0 / np.sqrt(a.H)
 
-    def fwd(q, k, v):
-        return jaxattn.flash_attention(q, k, v, is_causal=causal, return_residual=True, implementation=impl)
-
-    def loss(q, k, v, dout):
-        out = jaxattn.flash_attention(q, k, v, is_causal=causal, implementation=impl)
-        return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
-
-    out, lse = jax.jit(fwd)(dev["q"], dev["k"], dev["v"])
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(dev["q"], dev["k"], dev["v"], dev["dout"])
-    jax.block_until_ready((out, lse, grads))
-
-    ref_out, ref_lse = reference64.forward(rounded["q"], rounded["k"], rounded["v"], scale=scale, is_causal=causal)
-    ref_grads = reference64.backward(rounded["q"], rounded["k"], rounded["v"], rounded["dout"],
-                                     scale=scale, is_causal=causal)
-
+    # The masked run: no row is left without a key (lse stays finite).
+    cut = a.T * 3 // 5
+    q_ids = np.repeat([[0, 1]], [cut, a.T - cut], axis=1).astype(np.int32)
+    kv_ids = np.repeat([[0, 1]], [min(cut, S), S - min(cut, S)], axis=1).astype(np.int32)
+    kv_len = [max(1, S - 10)]
+    masks = dict(window=(50, 3), kv_lengths=kv_len, softcap=5.0, q_segment_ids=q_ids, kv_segment_ids=kv_ids)
+    jax_masks = dict(local_window_size=(50, 3), key_value_seq_lengths=jnp.asarray(kv_len, jnp.int32),
+                     logits_soft_cap=5.0, q_segment_ids=jnp.asarray(q_ids), kv_segment_ids=jnp.asarray(kv_ids))
     failures = []
     report = []
+    for masked in (False, True) if not a.no_masks else (False,):
+        kw = jax_masks if masked else {}
+        mkw = masks if masked else {}
+        tag = "masked " if masked else ""
+
+        def fwd(q, k, v):
+            return jaxattn.flash_attention(q, k, v, is_causal=causal, return_residual=True, implementation=impl,
+                                           **kw)
+
+        def loss(q, k, v, dout):
+            out = jaxattn.flash_attention(q, k, v, is_causal=causal, implementation=impl, **kw)
+            return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+
+        out, lse = jax.jit(fwd)(dev["q"], dev["k"], dev["v"])
+        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(dev["q"], dev["k"], dev["v"], dev["dout"])
+        jax.block_until_ready((out, lse, grads))
+
+        ref_out, ref_lse = reference64.forward(rounded["q"], rounded["k"], rounded["v"], scale=scale,
+                                               is_causal=causal, **mkw)
+        ref_grads = reference64.backward(rounded["q"], rounded["k"], rounded["v"], rounded["dout"],
+                                         scale=scale, is_causal=causal, **mkw)
+        check_all(tag, out, lse, grads, ref_out, ref_lse, ref_grads, failures, report, a.tol)
+
+    shape = f"{impl}: B=1 T={a.T} S={S} N={a.N} K={a.K} H={a.H} {a.dtype} causal={causal}"
+    if failures:
+        print(f"gpu_sanitize: MISMATCH ({shape}): " + "; ".join(failures), flush=True)
+        return 1
+    print(f"gpu_sanitize: OK ({shape}): " + ", ".join(report), flush=True)
+    return 0
+
+
+def check_all(tag, out, lse, grads, ref_out, ref_lse, ref_grads, failures, report, tol):
+    """Appends to `failures` / `report` the comparison of one run with the reference."""
+    import jax.numpy as jnp
 
     def check(name, ours, ref, tol, relative=True):
         ours = np.asarray(jnp.asarray(ours).astype(jnp.float32), np.float64)
@@ -109,17 +139,10 @@ def main(argv=None) -> int:
         if not err <= tol:
             failures.append(f"{name}: {'relative ' if relative else ''}error {err:.3g} > {tol:g}")
 
-    check("out", out, ref_out, a.tol)
-    check("lse", lse, ref_lse, 2e-2, relative=False)
+    check(tag + "out", out, ref_out, tol)
+    check(tag + "lse", lse, ref_lse, 2e-2, relative=False)
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
-        check(name, g, r, a.tol)
-
-    shape = f"{impl}: B=1 T={a.T} S={S} N={a.N} K={a.K} H={a.H} {a.dtype} causal={causal}"
-    if failures:
-        print(f"gpu_sanitize: MISMATCH ({shape}): " + "; ".join(failures), flush=True)
-        return 1
-    print(f"gpu_sanitize: OK ({shape}): " + ", ".join(report), flush=True)
-    return 0
+        check(tag + name, g, r, tol)
 
 
 if __name__ == "__main__":

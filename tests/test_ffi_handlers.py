@@ -18,7 +18,7 @@ def _call(target, out_types, *args, **attrs):
 def _attrs():
     return {"scale": np.float32(0.25), "is_causal": False, "window_left": np.int32(-1),
             "window_right": np.int32(-1), "softcap": np.float32(0.0), "has_segments": False,
-            "has_bias": False, "has_mask": False}
+            "has_bias": False, "has_mask": False, "has_lengths": True}
 
 
 def _lengths(q, k, segments=None, bias=None, mask=None):

@@ -28,7 +28,7 @@ IMPLS = ["cpu", "reference"]
 @pytest.fixture(autouse=True)
 def _on_cpu():
     """These tests run the CPU kernel and the reference: arrays live on the CPU even
-    where the default backend is a GPU (the CUDA kernels do not take masks yet)."""
+    where the default backend is a GPU (test_masks_gpu.py has the CUDA kernels)."""
     with jax.default_device(jax.devices("cpu")[0]):
         yield
 
@@ -642,7 +642,7 @@ def test_bad_lengths_unbatched():
         jaxattn.flash_attention(q, k, v, query_seq_lengths=jnp.asarray([1, 2], jnp.int32))
 
 
-# ---- dispatch: the CUDA kernels do not take masks yet --------------------------
+# ---- dispatch: masked calls run the portable CUDA kernels ---------------------------
 
 MASKED = {
     "local_window_size": dict(local_window_size=4),
@@ -656,22 +656,39 @@ MASKED = {
 }
 
 
-@pytest.mark.parametrize("feature", sorted(MASKED))
-@pytest.mark.parametrize("impl", ["cuda", "cuda_sm80"])
-def test_cuda_forced_with_mask_is_not_implemented(feature, impl):
-    q, k, v = (x.astype(jnp.bfloat16) for x in _arrays())
-    with pytest.raises(NotImplementedError, match=f"do not support {feature}"):
-        jaxattn.flash_attention(q, k, v, implementation=impl, **MASKED[feature])
-    with pytest.raises(NotImplementedError, match=f"do not support {feature}"):
-        jaxattn.kernel_for(q, k, v, implementation=impl, **MASKED[feature])
+@pytest.fixture
+def as_if_built_with_cuda(monkeypatch):
+    """The dispatch rule as a CUDA build sees it (the rule itself is host code)."""
+    monkeypatch.setattr(jaxattn.dispatch, "built_with_cuda", lambda: True)
 
 
 @pytest.mark.parametrize("feature", sorted(MASKED))
-def test_kernel_for_cuda_platform_masked_is_reference(feature):
+def test_kernel_for_cuda_platform_masked(feature, as_if_built_with_cuda):
+    """The rule: masked calls run the portable kernels for both passes on every
+    GPU (the Hopper kernels take no masks yet)."""
     q, k, v = (x.astype(jnp.bfloat16) for x in _arrays())
-    assert jaxattn.kernel_for(q, k, v, platform="cuda", **MASKED[feature]) == "reference"
-    assert jaxattn.kernel_for(q, k, v, platform="gpu", is_causal=True, **MASKED[feature]) == "reference"
+    want = "cuda:fwd=sm80,bwd=sm80"
+    assert jaxattn.kernel_for(q, k, v, platform="cuda", **MASKED[feature]) == want
+    assert jaxattn.kernel_for(q, k, v, platform="gpu", is_causal=True, **MASKED[feature]) == want
+    assert jaxattn.kernel_for(q, k, v, platform="gpu", deterministic=True, **MASKED[feature]) == want
+    assert jaxattn.kernel_for(q, k, v, implementation="cuda", **MASKED[feature]) == want
     assert jaxattn.kernel_for(q, k, v, platform="cpu", **MASKED[feature]) == "cpu:flash"
+    # float32 stays on the reference on GPUs, masked or not; forcing the CUDA kernels says why.
+    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+    assert jaxattn.kernel_for(q32, k32, v32, platform="cuda", **MASKED[feature]) == "reference"
+    with pytest.raises(NotImplementedError, match="bfloat16 or float16"):
+        jaxattn.kernel_for(q32, k32, v32, implementation="cuda", **MASKED[feature])
+
+
+@pytest.mark.parametrize("hopper", [False, True])
+def test_kernel_names_masked_are_portable(hopper):
+    """The C++ rule (cuda::fwd_on_sm90 / bwd_on_sm90) asked directly: a masked call is
+    never given to the Hopper kernels, whatever the device."""
+    from jaxattn._extension import _jaxattn
+    cc = (9, 0) if hopper else (8, 0)
+    sizes = (1, 256, 256, 4, 4, 128, True)
+    assert _jaxattn.cuda_forward_kernel(*sizes, True, *cc) == "sm80"
+    assert _jaxattn.cuda_backward_kernel(*sizes, False, True, *cc) == "sm80"
 
 
 # ---- sharding: lengths shard along the batch ------------------------------------

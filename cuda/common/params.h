@@ -39,11 +39,10 @@ struct AttnParams {
   const int32_t* q_lengths = nullptr;
   const int32_t* kv_lengths = nullptr;
   // Logit soft cap: logits become softcap * tanh(logits / softcap) before
-  // masking; 0 = off. Only the CPU kernel takes it (CUDA handlers leave 0).
+  // masking; 0 = off.
   float softcap = 0.f;
 
   // ---- masks, stage 2: document segments, dense bias and mask ------------
-  // (CPU kernel only; the CUDA handlers leave them null.)
   // Segment ids, int32 [batch, T] / [batch, S], both or neither (null):
   // query i sees key j only when q_segment_ids[b, i] == kv_segment_ids[b, j].
   const int32_t* q_segment_ids = nullptr;
@@ -123,6 +122,12 @@ struct AttnParams {
   // ==== end of the decode block ============================================
 
   int group_size() const { return num_heads / num_heads_k; }
+  // Whether the call uses any option beyond is_causal (window, lengths, soft
+  // cap, segments, dense bias or mask): the masked kernels' cue.
+  bool has_masks() const {
+    return window_left >= 0 || window_right >= 0 || q_lengths || kv_lengths || softcap > 0.f || q_segment_ids ||
+           bias || mask;
+  }
 };
 
 // Fills the strides of contiguous [B, T, N, H] / [B, S, K, H] buffers.

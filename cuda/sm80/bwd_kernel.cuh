@@ -3,10 +3,14 @@
 // accumulators of its block, and walks the query blocks of every query head
 // of its GQA group (above the causal diagonal skipped), adding dQ to
 // dq_accum with f32 atomics. See tile_config.cuh (BwdTile) for the layout.
+// kMasked instantiates the masked variant (window, lengths, segments, soft
+// cap, dense bias (with dbias) and mask: common/mask.cuh): only the query
+// blocks that can see the key block run.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "common/mask.cuh"
 #include "common/params.h"
 #include "common/ptx.h"
 #include "launch.h"
@@ -18,8 +22,10 @@
 namespace jaxattn::cuda::sm80 {
 
 // kDoDV: accumulate and write dV. kDoDKQ: accumulate and write dK, add dQ.
-template <class Tile, typename Elem, bool kDoDV, bool kDoDKQ>
-__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
+// (The masked variant asks for 1 CTA per SM: its mask state would spill
+// under the 2-CTA register budget of the H = 32 tile.)
+template <class Tile, typename Elem, bool kDoDV, bool kDoDKQ, bool kMasked>
+__global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks)
     flash_bwd_kernel(const AttnParams p) {
   constexpr int kH = Tile::kHeadDim, kBM = Tile::kBlockM, kBN = Tile::kBlockN;
   constexpr int kPitch = Tile::kPitch, kDsPitch = Tile::kDsPitch, kThreads = Tile::kThreads;
@@ -51,9 +57,31 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   if (kDoDKQ) load_tile_async<kBN, kH, kPitch, kThreads>(sV, v, p.v_row_stride, S - n0, hd);
 
   // Steps: (query head of the group, query block), query blocks entirely
-  // above the causal diagonal (every query < n0) skipped.
-  const int m_first = causal ? n0 / kBM : 0;
-  const int m_blocks = (T + kBM - 1) / kBM;
+  // above the causal diagonal (every query < n0) skipped; masked, only the
+  // blocks holding queries [m_lo, m_hi) that may see a key of this block.
+  int m_first = causal ? n0 / kBM : 0;
+  int m_blocks = (T + kBM - 1) / kBM;
+  // The mask state lives in shared memory (read where needed, not held in
+  // registers across the MMAs); the soft cap is read from the parameters.
+  __shared__ MaskView mask_smem;  // (unused, so not allocated, when unmasked)
+  const MaskView& mask = mask_smem;
+  bool segments = false;
+  const float softcap = kMasked ? p.softcap : 0.f;
+  if constexpr (kMasked) {
+    __shared__ int red[2];
+    if (threadIdx.x == 0) mask_smem = MaskView::of(p, b);
+    __syncthreads();
+    int2 rows = mask.query_range(n0, n0 + kBN);
+    segments = mask.q_seg != nullptr;
+    // (Deterministic mode keeps the closed-form ranges: its dQ order counts
+    // the key blocks visiting a query block, see dq_step.)
+    if (segments && !p.deterministic) {  // only queries whose ids fall in the block's id range
+      const int2 ids = cta_id_range(mask.kv_seg, n0, min(n0 + kBN, mask.kv_len), red);
+      rows = cta_id_span(mask.q_seg, rows.x, rows.y, ids.x, ids.y, red);
+    }
+    m_first = rows.x / kBM;
+    m_blocks = (rows.y + kBM - 1) / kBM;
+  }
   const int sem_blocks = (T + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
   static_assert(kBM % kDqSemaphoreRows == 0, "dQ ordering counters per query block");
   const int steps_per_head = max(0, m_blocks - m_first);
@@ -102,8 +130,12 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   float dv[1][kH / 8][4], dk[1][kH / 8][4];
   clear(dv);
   clear(dk);
-  const float scale_log2 = p.scale * kLog2e;
+  // With a soft cap or a bias the logits are scaled (capped, biased) before
+  // the softmax, which then scales by 1.
+  const bool prescaled = kMasked && (softcap > 0.f || p.bias != nullptr);
+  const float scale_log2 = (prescaled ? 1.f : p.scale) * kLog2e;
   const int key_row = warp * 16;  // this warp's keys within the block
+
   const uint32_t k_addr_a = ptx::smem_addr(sK) + key_row * kPitch * 2 + lane_offset_a<kPitch>(lane);
   const uint32_t v_addr_a = ptx::smem_addr(sV) + key_row * kPitch * 2 + lane_offset_a<kPitch>(lane);
   const uint32_t q_addr = ptx::smem_addr(sQ);
@@ -128,7 +160,20 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     int32_t* sem = p.deterministic ? p.dq_semaphore + (int64_t(b) * N + head) * sem_blocks + m0 / kDqSemaphoreRows
                                    : nullptr;
     if (sem) {
-      if (threadIdx.x == 0) ptx::wait_counter_geq(sem, n_block);
+      // Masked: the key blocks that visit this query block are a contiguous
+      // run (closed-form ranges, monotone in the key block); this block adds
+      // after those of the run before it.
+      int before = n_block;
+      if constexpr (kMasked) {
+        int lo = 0, hi = n_block;  // the first block of the run (n_block is in it)
+        while (lo < hi) {
+          const int mid = (lo + hi) / 2;
+          const int2 rows = mask.query_range(mid * kBN, mid * kBN + kBN);
+          if ((rows.y + kBM - 1) / kBM > m0 / kBM) hi = mid; else lo = mid + 1;
+        }
+        before = n_block - lo;
+      }
+      if (threadIdx.x == 0) ptx::wait_counter_geq(sem, before);
       __syncthreads();
     }
 #pragma unroll
@@ -174,7 +219,17 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     float pt[1][kQ8][4];
     clear(pt);
     gemm_ss_abt<Elem, 1, kQ8, kH, kPitch, kPitch>(pt, k_addr_a, q_stage + off_b);
-    if (n0 + kBN > S || (causal && n0 + kBN - 1 > m0)) {
+    if constexpr (kMasked) {
+      if (p.bias != nullptr) {  // (rows are keys, columns queries)
+        prescale_logits<true>(pt, n0 + key_row, m0, lane, p.scale, softcap,
+                              [&](int key) { return mask.bias_col(head, key); }, mask.bias_at.row, mask.q_len);
+      } else if (softcap > 0.f) {
+        prescale_logits<false>(pt, n0 + key_row, m0, lane, p.scale, softcap, [](int) { return nullptr; }, 0, 0);
+      }
+      if (segments || mask.tile_partial(m0, m0 + kBM, n0 + key_row, n0 + key_row + 16))
+        apply_visibility(pt, n0 + key_row, m0, lane, mask.kv_seg, mask.kv_len, mask.q_seg, mask.q_len,
+                         [&](int key, int query) { return mask.visible(query, key) && mask.dense_ok(head, query, key); });
+    } else if (n0 + kBN > S || (causal && n0 + kBN - 1 > m0)) {
       apply_mask(pt, n0 + key_row, m0, lane,
                  [&](int key, int query) { return key >= S || (causal && key > query); });
     }
@@ -206,6 +261,30 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
         for (int h = 0; h < 2; ++h) {
           dst[0][j][2 * h] = pt[0][j][2 * h] * (dst[0][j][2 * h] - d.x);
           dst[0][j][2 * h + 1] = pt[0][j][2 * h + 1] * (dst[0][j][2 * h + 1] - d.y);
+        }
+      }
+      if constexpr (kMasked) {
+        // dS is the gradient of the final logit: dbias (f32 atomics into the
+        // bias's broadcast shape, only where P > 0). With a soft cap, dS of the
+        // uncapped logit is dS * (1 - tanh^2); the capped logit is recovered
+        // from P = exp2((capped + bias) log2e - lse_log2).
+        if (p.dbias != nullptr || softcap > 0.f) {
+          const float inv_cap = softcap > 0.f ? 1.f / softcap : 0.f;
+#pragma unroll
+          for (int j = 0; j < kQ8; ++j) {
+            const float2 l = *reinterpret_cast<const float2*>(lse_l2 + j * 8 + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float pv = pt[0][j][e];
+              if (!(pv > 0.f)) continue;  // (dS = 0 already)
+              const int key = n0 + key_row + g + 8 * (e >> 1), query = m0 + j * 8 + 2 * t + (e & 1);
+              if (p.dbias != nullptr) ptx::red_add_f32(p.dbias + mask.bias_at.at(head, query, key), dst[0][j][e]);
+              if (softcap > 0.f) {
+                const float capped = (log2f(pv) + ((e & 1) ? l.y : l.x)) * kLn2 - mask.bias_of(head, query, key);
+                dst[0][j][e] *= softcap_grad(capped, inv_cap);
+              }
+            }
+          }
         }
       }
       uint32_t dsa[1][kQSteps][4];
@@ -255,17 +334,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   }
 }
 
-// Enqueues preprocess, main kernel(s) and dq conversion for head dims up to kHeadDim.
-template <int kHeadDim, typename Elem>
-LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream) {
-  using Tile = typename BwdTileFor<kHeadDim>::type;
-  cudaError_t err = launch_bwd_preprocess<Elem>(p, stream);
-  if (err != cudaSuccess) return {err, "flash_bwd_preprocess_sm80"};
-  if (p.deterministic) {
-    err = clear_dq_semaphore(p, stream);
-    if (err != cudaSuccess) return {err, "flash_bwd_sm80 (semaphore memset)"};
-  }
-
+// Enqueues the main kernel(s) of tile Tile (masked or not).
+template <class Tile, typename Elem, bool kMasked>
+LaunchStatus launch_bwd_main(const AttnParams& p, cudaStream_t stream) {
   const dim3 grid((p.seqlen_k + Tile::kBlockN - 1) / Tile::kBlockN, p.num_heads_k, p.batch);
   auto launch = [&](auto kernel, const char* name) -> LaunchStatus {
     if (grid.x == 0) return {};  // no keys: dq = 0 needs only the zeroing
@@ -275,14 +346,33 @@ LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream) {
     kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
     return {cudaGetLastError(), name};
   };
-  LaunchStatus st;
   if constexpr (Tile::kSplitDV) {
-    st = launch(flash_bwd_kernel<Tile, Elem, true, false>, "flash_bwd_dv_sm80");
+    LaunchStatus st = launch(flash_bwd_kernel<Tile, Elem, true, false, kMasked>, "flash_bwd_dv_sm80");
     if (!st.ok()) return st;
-    st = launch(flash_bwd_kernel<Tile, Elem, false, true>, "flash_bwd_dkdq_sm80");
+    return launch(flash_bwd_kernel<Tile, Elem, false, true, kMasked>, "flash_bwd_dkdq_sm80");
   } else {
-    st = launch(flash_bwd_kernel<Tile, Elem, true, true>, "flash_bwd_sm80");
+    return launch(flash_bwd_kernel<Tile, Elem, true, true, kMasked>, "flash_bwd_sm80");
   }
+}
+
+// Enqueues preprocess, main kernel(s) and dq conversion for head dims up to kHeadDim.
+template <int kHeadDim, typename Elem>
+LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream) {
+  cudaError_t err = launch_bwd_preprocess<Elem>(p, stream);
+  if (err != cudaSuccess) return {err, "flash_bwd_preprocess_sm80"};
+  if (p.dbias != nullptr) {  // (the kernel adds into it)
+    size_t n = 1;
+    for (int d : p.bias_dims) n *= size_t(d);
+    err = cudaMemsetAsync(p.dbias, 0, n * sizeof(float), stream);
+    if (err != cudaSuccess) return {err, "flash_bwd_sm80 (dbias memset)"};
+  }
+  if (p.deterministic) {
+    err = clear_dq_semaphore(p, stream);
+    if (err != cudaSuccess) return {err, "flash_bwd_sm80 (semaphore memset)"};
+  }
+  const LaunchStatus st =
+      p.has_masks() ? launch_bwd_main<typename BwdTileMaskedFor<kHeadDim>::type, Elem, true>(p, stream)
+                    : launch_bwd_main<typename BwdTileFor<kHeadDim>::type, Elem, false>(p, stream);
   if (!st.ok()) return st;
 
   err = launch_bwd_convert_dq<Elem>(p, stream);

@@ -1,9 +1,13 @@
 // Forward flash attention on mma.sync (sm_80+): o = softmax(scale q k^T) v
 // and the row logsumexp, one CTA per (query block, query head, batch).
+// kMasked instantiates the masked variant (window, lengths, segments, soft
+// cap, dense bias and mask: common/mask.cuh); the unmasked one is the plain
+// causal / full kernel.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "common/mask.cuh"
 #include "common/params.h"
 #include "common/ptx.h"
 #include "launch.h"
@@ -13,13 +17,17 @@
 
 namespace jaxattn::cuda::sm80 {
 
-template <class Tile, typename Elem>
+// kDense (implies kMasked): the call has a dense bias or mask (its own
+// instantiation: their reads need registers, so it may stream fewer keys a step).
+template <class Tile, typename Elem, bool kMasked, bool kDense = false>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     flash_fwd_kernel(const AttnParams p) {
+  static_assert(kMasked || !kDense, "a dense bias / mask is a mask option");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-  constexpr int kBN = Tile::kBlockNSm100;  // (see FwdTile)
+  constexpr int kBNMasked = kDense ? Tile::kBlockNDense : Tile::kBlockNMasked;
+  constexpr int kBN = kMasked ? kBNMasked : Tile::kBlockNSm100;  // (see FwdTile)
 #else
-  constexpr int kBN = Tile::kBlockN;
+  constexpr int kBN = kDense ? Tile::kBlockNDense : kMasked ? Tile::kBlockNMasked : Tile::kBlockN;
 #endif
   constexpr int kH = Tile::kHeadDim, kBM = Tile::kBlockM;
   constexpr int kM = Tile::kMTiles, kPitch = Tile::kPitch, kThreads = Tile::kThreads;
@@ -42,12 +50,33 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
   const Elem* v = static_cast<const Elem*>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
 
-  // Keys [0, n_end) are visible to some row of the block.
-  const int n_end = causal ? min(S, m0 + kBM) : S;
+  // Keys [n_begin, n_end) are visible to some row of the block: key blocks
+  // nb_lo .. nb run (none: o = 0 and lse = -inf).
+  int n_end = causal ? min(S, m0 + kBM) : S;
+  int nb_lo = 0;
+  // The mask state lives in shared memory (read where needed, not held in
+  // registers across the MMAs); the soft cap is read from the parameters.
+  __shared__ MaskView mask_smem;  // (unused, so not allocated, when unmasked)
+  const MaskView& mask = mask_smem;
+  bool segments = false;
+  const float softcap = kMasked ? p.softcap : 0.f;
+  if constexpr (kMasked) {
+    __shared__ int red[2];
+    if (threadIdx.x == 0) mask_smem = MaskView::of(p, b);
+    __syncthreads();
+    int2 keys = mask.key_range(m0, m0 + kBM);
+    segments = mask.q_seg != nullptr;
+    if (segments) {  // only keys whose ids fall in the block's id range
+      const int2 ids = cta_id_range(mask.q_seg, m0, min(m0 + kBM, mask.q_len), red);
+      keys = cta_id_span(mask.kv_seg, keys.x, keys.y, ids.x, ids.y, red);
+    }
+    n_end = keys.y;
+    nb_lo = keys.x / kBN;
+  }
   int nb = (n_end + kBN - 1) / kBN - 1;
 
   load_tile_async<kBM, kH, kPitch, kThreads>(sQ, q, p.q_row_stride, T - m0, hd);
-  if (nb >= 0) {  // (S = 0: no key, o = 0 and lse = -inf)
+  if (nb >= nb_lo) {  // (S = 0: no key, o = 0 and lse = -inf)
     load_tile_async<kBN, kH, kPitch, kThreads>(sK, k + int64_t(nb) * kBN * p.k_row_stride,
                                                p.k_row_stride, S - nb * kBN, hd);
   }
@@ -57,7 +86,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   clear(o);
   OnlineSoftmax<kM> softmax;
   softmax.init();
-  const float scale_log2 = p.scale * kLog2e;
+  // With a soft cap or a bias the logits are scaled (capped, biased) before
+  // the softmax, which then scales by 1.
+  const bool prescaled = kMasked && (softcap > 0.f || (kDense && p.bias != nullptr));
+  const float scale_log2 = (prescaled ? 1.f : p.scale) * kLog2e;
 
   const int warp_row = warp * kM * 16;
   const uint32_t q_addr = ptx::smem_addr(sQ) + warp_row * kPitch * 2 + lane_offset_a<kPitch>(lane);
@@ -65,7 +97,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   const uint32_t v_addr = ptx::smem_addr(sV) + lane_offset_a<kPitch>(lane);
 
   // Key blocks from the last: the ones that need masking come first.
-  for (; nb >= 0; --nb) {
+  for (; nb >= nb_lo; --nb) {
     const int n0 = nb * kBN;
     ptx::cp_async_wait<0>();  // K(nb) landed ...
     __syncthreads();          // ... for all threads, and V(nb+1) is no longer read
@@ -76,14 +108,26 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     float s[kM][kBN / 8][4];
     clear(s);
     gemm_ss_abt<Elem, kM, kBN / 8, kH, kPitch, kPitch>(s, q_addr, k_addr);
-    if (n0 + kBN > S || (causal && n0 + kBN - 1 > m0)) {
+    if constexpr (kMasked) {
+      if (kDense && p.bias != nullptr) {
+        prescale_logits<true>(s, m0 + warp_row, n0, lane, p.scale, softcap,
+                              [&](int row) { return mask.bias_row(head, row); }, mask.bias_at.col, mask.kv_len);
+      } else if (softcap > 0.f) {
+        prescale_logits<false>(s, m0 + warp_row, n0, lane, p.scale, softcap, [](int) { return nullptr; }, 0, 0);
+      }
+      if (segments || mask.tile_partial(m0 + warp_row, m0 + warp_row + kM * 16, n0, n0 + kBN))
+        apply_visibility(s, m0 + warp_row, n0, lane, mask.q_seg, mask.q_len, mask.kv_seg, mask.kv_len,
+                         [&](int row, int col) {
+                           return mask.visible(row, col) && (!kDense || mask.dense_ok(head, row, col));
+                         });
+    } else if (n0 + kBN > S || (causal && n0 + kBN - 1 > m0)) {
       apply_mask(s, m0 + warp_row, n0, lane,
                  [&](int row, int col) { return col >= S || (causal && col > row); });
     }
 
     ptx::cp_async_wait<0>();  // V(nb) landed ...
     __syncthreads();          // ... for all threads, and K(nb) is no longer read
-    if (nb > 0) {
+    if (nb > nb_lo) {
       load_tile_async<kBN, kH, kPitch, kThreads>(sK, k + int64_t(n0 - kBN) * p.k_row_stride,
                                                  p.k_row_stride, S - (n0 - kBN), hd);
       ptx::cp_async_commit();
@@ -96,7 +140,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   }
 
   float inv[kM][2], lse[kM][2];
-  softmax.finish(p.scale, inv, lse);
+  softmax.finish(prescaled ? 1.f : p.scale, inv, lse);
   if ((lane & 3) == 0) {
 #pragma unroll
     for (int i = 0; i < kM; ++i)
@@ -105,6 +149,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
         const int row = m0 + warp_row + i * 16 + lane / 4 + 8 * h;
         if (row < T) p.lse[(int64_t(b) * T + row) * p.num_heads + head] = lse[i][h];
       }
+  }
+  if constexpr (kMasked) {  // (no key block ran: the Q copies may still be in flight)
+    ptx::cp_async_wait<0>();
+    __syncthreads();
   }
   // O goes through the warp's own Q rows (only this warp read them).
   acc_to_smem<Elem, kPitch>(o, inv, sQ + warp_row * kPitch, lane);
@@ -118,7 +166,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
 template <int kHeadDim, typename Elem>
 LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream) {
   using Tile = typename FwdTileFor<kHeadDim>::type;
-  auto kernel = flash_fwd_kernel<Tile, Elem>;
+  auto kernel = p.bias != nullptr || p.mask != nullptr ? flash_fwd_kernel<Tile, Elem, true, true>
+                : p.has_masks()   ? flash_fwd_kernel<Tile, Elem, true, false>
+                                  : flash_fwd_kernel<Tile, Elem, false, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Tile::kSmemBytes);
   if (err != cudaSuccess) return {err, "flash_fwd_sm80 (set smem)"};

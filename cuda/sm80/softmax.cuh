@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "common/mask.cuh"
 #include "common/ptx.h"
 
 namespace jaxattn::cuda::sm80 {
@@ -27,6 +28,77 @@ __device__ __forceinline__ void apply_mask(float (&s)[kM][kN8][4], int row0, int
         const int row = row0 + i * 16 + g + 8 * (e >> 1);
         const int col = col0 + j * 8 + 2 * t + (e & 1);
         if (masked(row, col)) s[i][j][e] = -INFINITY;
+      }
+}
+
+// Masked kernels with a soft cap or a bias: s becomes softcap(scale * s) +
+// bias (cap * tanh(x / cap); cap = 0: no cap; the softmax then scales by 1).
+// With kBias, the bias of (row, col) is row_ptr(row)[col * col_step], read
+// where row_ptr(row) is non-null and col < col_limit (else 0: such pairs are
+// invisible anyway); one row pointer per fragment row keeps the index math
+// (and the registers) small.
+template <bool kBias, int kM, int kN8, typename RowPtr>
+__device__ __forceinline__ void prescale_logits(float (&s)[kM][kN8][4], int row0, int col0, int lane, float scale,
+                                                float cap, RowPtr row_ptr, int64_t col_step, int col_limit) {
+  const int g = lane >> 2, t = lane & 3;
+  const float inv_cap = cap > 0.f ? 1.f / cap : 0.f;
+#pragma unroll
+  for (int i = 0; i < kM; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float* rp = kBias ? row_ptr(row0 + i * 16 + g + 8 * h) : nullptr;
+#pragma unroll
+      for (int j = 0; j < kN8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float& x = s[i][j][2 * h + c];
+          x *= scale;
+          if (cap > 0.f) x = softcap_forward(x, cap, inv_cap);
+          if (kBias) {
+            const int col = col0 + j * 8 + 2 * t + c;
+            if (rp != nullptr && col < col_limit) x += __ldg(rp + col * col_step);
+          }
+        }
+    }
+}
+
+// Masked kernels: sets to -inf every element with !visible(row, col) or,
+// with segment ids (row_ids / col_ids non-null: the ids of rows [0,
+// row_limit) and columns [0, col_limit)), whose row and column ids differ.
+// The ids are read here (L1-cached), not held in registers across the MMAs.
+template <int kM, int kN8, typename Visible>
+__device__ __forceinline__ void apply_visibility(float (&s)[kM][kN8][4], int row0, int col0, int lane,
+                                                 const int32_t* row_ids, int row_limit, const int32_t* col_ids,
+                                                 int col_limit, Visible visible) {
+  const int g = lane >> 2, t = lane & 3;
+  int row_id[kM][2], col_id[kN8][2];
+  if (row_ids != nullptr) {
+#pragma unroll
+    for (int i = 0; i < kM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + i * 16 + g + 8 * h;
+        row_id[i][h] = row < row_limit ? __ldg(row_ids + row) : -1;
+      }
+#pragma unroll
+    for (int j = 0; j < kN8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = col0 + j * 8 + 2 * t + e;
+        col_id[j][e] = col < col_limit ? __ldg(col_ids + col) : -1;
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < kM; ++i)
+#pragma unroll
+    for (int j = 0; j < kN8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + i * 16 + g + 8 * (e >> 1);
+        const int col = col0 + j * 8 + 2 * t + (e & 1);
+        bool ok = visible(row, col);
+        if (row_ids != nullptr) ok = ok && row_id[i][e >> 1] == col_id[j][e & 1];
+        if (!ok) s[i][j][e] = -INFINITY;
       }
 }
 

@@ -24,7 +24,7 @@ inline int padded_head_dim(int h) {
 // streams K/V blocks of kBlockN keys, V(j) loading during S = Q K(j)^T and
 // K(j-1) loading during softmax and O += P V(j).
 template <int kHeadDim_, int kBlockN_, int kWarps_, int kMTiles_, int kMinBlocks_,
-          int kBlockNSm100_ = kBlockN_>
+          int kBlockNSm100_ = kBlockN_, int kBlockNMasked_ = kBlockNSm100_, int kBlockNDense_ = kBlockNMasked_>
 struct FwdTile {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
@@ -32,6 +32,12 @@ struct FwdTile {
   // kBlockN would spill there, its device code streams kBlockNSm100 keys a
   // step instead (same kernel symbol; smem sized for the larger).
   static constexpr int kBlockNSm100 = kBlockNSm100_;
+  // The masked kernels (mask state, segment ids) stream kBlockNMasked keys a
+  // step on every target (no larger than the others: no spills there either).
+  static constexpr int kBlockNMasked = kBlockNMasked_;
+  // ... and those with a dense bias or mask kBlockNDense (their reads need
+  // registers too).
+  static constexpr int kBlockNDense = kBlockNDense_;
   static constexpr int kWarps = kWarps_;
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the registers allow
@@ -41,7 +47,10 @@ struct FwdTile {
   static constexpr int kSmemQ = kBlockM * kPitch;
   static constexpr int kSmemKV = (kBlockN > kBlockNSm100 ? kBlockN : kBlockNSm100) * kPitch;
   static constexpr int kSmemBytes = (kSmemQ + 2 * kSmemKV) * 2;
-  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0 && kBlockNSm100 % 16 == 0, "tile shape");
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0 && kBlockNSm100 % 16 == 0 && kBlockNMasked % 16 == 0 &&
+                    kBlockNMasked <= kBlockNSm100 && kBlockNMasked <= kBlockN && kBlockNDense % 16 == 0 &&
+                    kBlockNDense <= kBlockNMasked,
+                "tile shape");
 };
 
 // Why these shapes (registers per thread: O = kMTiles*kHeadDim/2,
@@ -58,7 +67,7 @@ struct FwdTile {
 // rows and the CTA has 8 warps. Two CTAs per SM hide each other's barriers.
 template <int kHeadDim>
 struct FwdTileFor;
-template <> struct FwdTileFor<32> { using type = FwdTile<32, 128, 4, 2, 2>; };
+template <> struct FwdTileFor<32> { using type = FwdTile<32, 128, 4, 2, 2, 128, 64>; };
 template <> struct FwdTileFor<64> { using type = FwdTile<64, 64, 4, 2, 2>; };
 template <> struct FwdTileFor<96> { using type = FwdTile<96, 32, 4, 2, 2>; };
 // (Benchmark knobs, left at their defaults in builds.)
@@ -70,10 +79,10 @@ template <> struct FwdTileFor<96> { using type = FwdTile<96, 32, 4, 2, 2>; };
 #endif
 template <> struct FwdTileFor<128> {
   using type = FwdTile<128, JAXATTN_FWD128_BN, JAXATTN_FWD128_WARPS, JAXATTN_FWD128_MTILES,
-                       JAXATTN_FWD128_MINB, 32>;
+                       JAXATTN_FWD128_MINB, 32, 32, 16>;
 };
-template <> struct FwdTileFor<192> { using type = FwdTile<192, 64, 8, 1, 1>; };
-template <> struct FwdTileFor<256> { using type = FwdTile<256, 64, 8, 1, 1>; };
+template <> struct FwdTileFor<192> { using type = FwdTile<192, 64, 8, 1, 1, 64, 64, 32>; };
+template <> struct FwdTileFor<256> { using type = FwdTile<256, 64, 8, 1, 1, 64, 64, 32>; };
 
 // Backward (why: dK and dV of a warp's 16 keys x H stay in registers, 128 of
 // them at H = 128, so a CTA has one step's S^T / dP^T, 16 x kBlockM each, on
@@ -137,5 +146,11 @@ template <> struct BwdTileFor<128> {
 };
 template <> struct BwdTileFor<192> { using type = BwdTile<192, 32, 8, true>; };
 template <> struct BwdTileFor<256> { using type = BwdTile<256, 32, 8, true>; };
+
+// The masked backward's tile: the same, except H = 128 takes 32 queries a
+// step (its mask state spills with 64 under the 255-register cap).
+template <int kHeadDim>
+struct BwdTileMaskedFor { using type = typename BwdTileFor<kHeadDim>::type; };
+template <> struct BwdTileMaskedFor<128> { using type = BwdTile<128, 32, 8, false>; };
 
 }  // namespace jaxattn::cuda::sm80

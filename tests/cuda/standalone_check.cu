@@ -33,18 +33,63 @@ namespace jc = jaxattn::cuda;
 
 
 
+// Masks of a case (the masked kernels): window, lengths of batch 0 (others
+// full), a soft cap, packed segment ids (query i in document i / q_doc, key j
+// in j / kv_doc; 0 = no segment ids), a dense bias [1, N, T, S] (broadcast
+// over the batch; its gradient is checked) and a dense mask [B, 1, T, S].
+struct Masks {
+  int left = -1, right = -1;
+  int q_len0 = -1, kv_len0 = -1;
+  float softcap = 0.f;
+  int q_doc = 0, kv_doc = 0;
+  bool bias = false, mask = false;
+  bool any() const {
+    return left >= 0 || right >= 0 || q_len0 >= 0 || kv_len0 >= 0 || softcap > 0 || q_doc > 0 || bias || mask;
+  }
+};
+
 struct Case {
   int B, T, S, N, K, H;
   bool bf16, causal;
   int pad = 0;  // extra elements per head slot: tests non-contiguous strides
+  Masks m = {};
 };
 
 static std::string describe(const Case& c) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "B%d T%d S%d N%d K%d H%d %s %s%s", c.B, c.T, c.S, c.N, c.K, c.H,
-                c.bf16 ? "bf16" : "fp16", c.causal ? "causal" : "full",
-                c.pad ? " strided" : "");
+  char buf[256];
+  int n = std::snprintf(buf, sizeof buf, "B%d T%d S%d N%d K%d H%d %s %s%s", c.B, c.T, c.S, c.N, c.K, c.H,
+                        c.bf16 ? "bf16" : "fp16", c.causal ? "causal" : "full", c.pad ? " strided" : "");
+  const Masks& m = c.m;
+  if (m.left >= 0 || m.right >= 0) n += std::snprintf(buf + n, sizeof buf - n, " win(%d,%d)", m.left, m.right);
+  if (m.q_len0 >= 0 || m.kv_len0 >= 0) n += std::snprintf(buf + n, sizeof buf - n, " len(%d,%d)", m.q_len0, m.kv_len0);
+  if (m.softcap > 0) n += std::snprintf(buf + n, sizeof buf - n, " cap%g", m.softcap);
+  if (m.q_doc > 0) n += std::snprintf(buf + n, sizeof buf - n, " docs(%d,%d)", m.q_doc, m.kv_doc);
+  if (m.bias) n += std::snprintf(buf + n, sizeof buf - n, " bias");
+  if (m.mask) n += std::snprintf(buf + n, sizeof buf - n, " mask");
   return buf;
+}
+
+// The dense mask of a case: [B, 1, T, S], about 70% true.
+static std::vector<uint8_t> dense_mask(const Case& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> m(size_t(c.B) * c.T * c.S);
+  for (auto& x : m) x = (rng() % 10) < 7;
+  return m;
+}
+
+// Whether query i of batch b sees key j (the float64 reference's rule, written
+// independently of common/mask.cuh); dmask: the dense mask, or empty.
+static bool ref_visible(const Case& c, int b, int i, int j, const std::vector<uint8_t>& dmask) {
+  if (!dmask.empty() && !dmask[(size_t(b) * c.T + i) * c.S + j]) return false;
+  const Masks& m = c.m;
+  const int ql = (b == 0 && m.q_len0 >= 0) ? std::min(m.q_len0, c.T) : c.T;
+  const int kl = (b == 0 && m.kv_len0 >= 0) ? std::min(m.kv_len0, c.S) : c.S;
+  if (i >= ql || j >= kl) return false;
+  if (c.causal && j > i) return false;
+  if (m.left >= 0 && j < i - m.left) return false;
+  if (m.right >= 0 && j > i + m.right) return false;
+  if (m.q_doc > 0 && i / m.q_doc != j / m.kv_doc) return false;
+  return true;
 }
 
 
@@ -105,6 +150,7 @@ struct Err {
 struct Result {
   double o, lse, dq, dk, dv;
   bool pad_intact;
+  double dbias = 0;  // (with a bias)
 };
 
 static Result run_case(const Case& c, uint64_t seed) {
@@ -138,6 +184,56 @@ static Result run_case(const Case& c, uint64_t seed) {
   p.o_batch_stride = o.batch_stride(), p.o_row_stride = o.row_stride(), p.o_head_stride = o.head_stride();
   p.dout = dout.dev, p.dq = dq.dev, p.dk = dk.dev, p.dv = dv.dev;
   p.dq_accum = dq_accum, p.dpsum = dpsum;
+  // Masks: lengths [B] and segment ids [B, T] / [B, S] on the device.
+  const Masks& m = c.m;
+  int32_t *d_lens = nullptr, *d_seg = nullptr;
+  if (m.any()) {
+    p.window_left = m.left, p.window_right = m.right, p.softcap = m.softcap;
+    std::vector<int32_t> lens(2 * c.B);
+    for (int b = 0; b < c.B; ++b) {
+      lens[b] = (b == 0 && m.q_len0 >= 0) ? m.q_len0 : c.T;
+      lens[c.B + b] = (b == 0 && m.kv_len0 >= 0) ? m.kv_len0 : c.S;
+    }
+    CUDA_CHECK(cudaMalloc(&d_lens, lens.size() * 4));
+    CUDA_CHECK(cudaMemcpy(d_lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+    p.q_lengths = d_lens, p.kv_lengths = d_lens + c.B;
+    if (m.q_doc > 0) {
+      std::vector<int32_t> seg(size_t(c.B) * (c.T + c.S));
+      for (int b = 0; b < c.B; ++b) {
+        for (int i = 0; i < c.T; ++i) seg[size_t(b) * c.T + i] = i / m.q_doc;
+        for (int j = 0; j < c.S; ++j) seg[size_t(c.B) * c.T + size_t(b) * c.S + j] = j / m.kv_doc;
+      }
+      CUDA_CHECK(cudaMalloc(&d_seg, seg.size() * 4));
+      CUDA_CHECK(cudaMemcpy(d_seg, seg.data(), seg.size() * 4, cudaMemcpyHostToDevice));
+      p.q_segment_ids = d_seg, p.kv_segment_ids = d_seg + size_t(c.B) * c.T;
+    }
+  }
+  // Dense bias [1, N, T, S] with its gradient, dense mask [B, 1, T, S].
+  const size_t nbias = size_t(c.N) * c.T * c.S;
+  std::vector<float> bias_h;
+  std::vector<uint8_t> dmask;
+  float *d_bias = nullptr, *d_dbias = nullptr;
+  bool* d_mask = nullptr;
+  if (m.bias) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    bias_h.resize(nbias);
+    for (float& x : bias_h) x = nd(rng);
+    CUDA_CHECK(cudaMalloc(&d_bias, nbias * 4));
+    CUDA_CHECK(cudaMalloc(&d_dbias, nbias * 4));
+    CUDA_CHECK(cudaMemcpy(d_bias, bias_h.data(), nbias * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(d_dbias, 0xFF, nbias * 4));  // NaN: the launcher must zero it
+    p.bias = d_bias, p.dbias = d_dbias;
+    const int dims[5] = {1, 1, c.N, c.T, c.S};
+    std::copy(dims, dims + 5, p.bias_dims);
+  }
+  if (m.mask) {
+    dmask = dense_mask(c, seed ^ 0x5bd1e995);
+    CUDA_CHECK(cudaMalloc(&d_mask, dmask.size()));
+    CUDA_CHECK(cudaMemcpy(d_mask, dmask.data(), dmask.size(), cudaMemcpyHostToDevice));  // (bool = 1 byte)
+    p.mask = d_mask;
+    const int dims[5] = {1, c.B, 1, c.T, c.S};
+    std::copy(dims, dims + 5, p.mask_dims);
+  }
 
   check_launch(jc::flash_fwd_sm80(p, 0));
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -151,6 +247,8 @@ static Result run_case(const Case& c, uint64_t seed) {
   const int G = c.N / c.K;
   Err e_o, e_lse, e_dq, e_dk, e_dv;
   std::vector<Err> eo(c.B * c.K), else_(c.B * c.K), edq(c.B * c.K), edk(c.B * c.K), edv(c.B * c.K);
+  // d(loss)/d(bias) per (b, kv head), summed after the parallel loop.
+  std::vector<std::vector<double>> dbias_part(m.bias ? c.B * c.K : 0, std::vector<double>(nbias, 0.0));
 #pragma omp parallel for schedule(dynamic)
   for (int bk = 0; bk < c.B * c.K; ++bk) {
     const int b = bk / c.K, kh = bk % c.K, H = c.H;
@@ -161,21 +259,30 @@ static Result run_case(const Case& c, uint64_t seed) {
         const int jend = c.causal ? std::min(c.S, i + 1) : c.S;
         double mx = -INFINITY;
         for (int j = 0; j < jend; ++j) {
+          s[j] = -INFINITY;
+          if (!ref_visible(c, b, i, j, dmask)) continue;
           double acc = 0;
           for (int d = 0; d < H; ++d) acc += q.at(b, i, n, d) * k.at(b, j, kh, d);
           s[j] = acc * scale;
+          if (m.softcap > 0) s[j] = m.softcap * std::tanh(s[j] / m.softcap);
+          if (m.bias) s[j] += bias_h[(size_t(n) * c.T + i) * c.S + j];
           mx = std::max(mx, s[j]);
         }
         double l = 0;
-        for (int j = 0; j < jend; ++j) l += std::exp(s[j] - mx);
-        const double lse_r = jend ? mx + std::log(l) : -INFINITY;
+        for (int j = 0; j < jend; ++j) l += s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx);
+        const bool empty = !(l > 0);  // no visible key: o = 0, lse = -inf
+        const double lse_r = empty ? -INFINITY : mx + std::log(l);
         std::fill(orow.begin(), orow.end(), 0.0);
         for (int j = 0; j < jend; ++j) {
-          pr[j] = std::exp(s[j] - lse_r);
+          pr[j] = empty || s[j] == -INFINITY ? 0.0 : std::exp(s[j] - lse_r);
           for (int d = 0; d < H; ++d) orow[d] += pr[j] * v.at(b, j, kh, d);
         }
         const double got_lse = lse_h[(size_t(b) * c.T + i) * c.N + n];
-        else_[bk].add(got_lse, lse_r);
+        if (empty) {
+          else_[bk].add(got_lse == -INFINITY ? 0.0 : NAN, 0.0);
+        } else {
+          else_[bk].add(got_lse, lse_r);
+        }
         double dps = 0;
         for (int d = 0; d < H; ++d) {
           eo[bk].add(o.at(b, i, n, d), orow[d]);
@@ -185,7 +292,12 @@ static Result run_case(const Case& c, uint64_t seed) {
         for (int j = 0; j < jend; ++j) {
           double dp = 0;
           for (int d = 0; d < H; ++d) dp += dout.at(b, i, n, d) * v.at(b, j, kh, d);
-          const double ds = pr[j] * (dp - dps);
+          double ds = pr[j] * (dp - dps);
+          if (m.bias) {
+            dbias_part[bk][(size_t(n) * c.T + i) * c.S + j] += ds;
+            if (pr[j] > 0) s[j] -= bias_h[(size_t(n) * c.T + i) * c.S + j];  // the capped logit
+          }
+          if (m.softcap > 0 && pr[j] > 0) ds *= 1.0 - (s[j] / m.softcap) * (s[j] / m.softcap);
           for (int d = 0; d < H; ++d) {
             dqrow[d] += scale * ds * k.at(b, j, kh, d);
             dk_r[size_t(j) * H + d] += scale * ds * q.at(b, i, n, d);
@@ -205,6 +317,16 @@ static Result run_case(const Case& c, uint64_t seed) {
     for (const Err& e : v) into.num += e.num, into.den += e.den, into.n += e.n, into.bad += e.bad;
   };
   merge(e_o, eo), merge(e_lse, else_), merge(e_dq, edq), merge(e_dk, edk), merge(e_dv, edv);
+  Err e_dbias;
+  if (m.bias) {
+    std::vector<float> got(nbias);
+    CUDA_CHECK(cudaMemcpy(got.data(), d_dbias, nbias * 4, cudaMemcpyDeviceToHost));
+    for (size_t x = 0; x < nbias; ++x) {
+      double ref = 0;
+      for (const auto& part : dbias_part) ref += part[x];
+      e_dbias.add(got[x], ref);
+    }
+  }
 
   // Pad columns (strided cases) must still hold the poison: never written.
   bool pad_ok = true;
@@ -220,7 +342,14 @@ static Result run_case(const Case& c, uint64_t seed) {
   CUDA_CHECK(cudaFree(lse));
   CUDA_CHECK(cudaFree(dq_accum));
   CUDA_CHECK(cudaFree(dpsum));
-  return {e_o.rel(), e_lse.rel(), e_dq.rel(), e_dk.rel(), e_dv.rel(), pad_ok};
+  if (d_lens) CUDA_CHECK(cudaFree(d_lens));
+  if (d_seg) CUDA_CHECK(cudaFree(d_seg));
+  if (d_bias) {
+    CUDA_CHECK(cudaFree(d_bias));
+    CUDA_CHECK(cudaFree(d_dbias));
+  }
+  if (d_mask) CUDA_CHECK(cudaFree(d_mask));
+  return {e_o.rel(), e_lse.rel(), e_dq.rel(), e_dk.rel(), e_dv.rel(), pad_ok, e_dbias.rel()};
 }
 
 // ---- benchmark --------------------------------------------------------------
@@ -369,6 +498,19 @@ int main(int argc, char** argv) {
       {1, 512, 512, 8, 1, 128, false, true},
       {1, 300, 300, 2, 2, 136, true, true, 24},
       {1, 640, 640, 2, 2, 128, true, true},
+      // Masked kernels: window, lengths (a batch row with no query / no key),
+      // soft cap, packed segments (ids of different packings for T != S).
+      {2, 333, 257, 4, 2, 128, true, false, 0, {40, 5}},
+      {2, 257, 333, 4, 2, 64, false, true, 0, {-1, -1, 100, 0}},
+      {2, 300, 300, 4, 2, 128, false, true, 0, {-1, -1, 0, 170}},
+      {2, 300, 300, 8, 2, 128, true, true, 0, {-1, -1, -1, -1, 5.f}},
+      {2, 300, 300, 4, 4, 64, false, true, 0, {-1, -1, -1, -1, 0.f, 70, 70}},
+      {2, 333, 257, 4, 1, 96, true, true, 0, {90, 0, 250, 200, 3.f, 50, 40}},
+      {1, 200, 200, 2, 1, 256, true, false, 0, {30, 30, -1, -1, 0.f, 64, 64}},
+      {1, 200, 200, 2, 1, 32, true, true, 0, {0, 0, 150, 180}},
+      {2, 333, 257, 4, 2, 128, true, false, 0, {-1, -1, -1, -1, 0.f, 0, 0, true, true}},
+      {2, 257, 333, 4, 1, 64, false, true, 0, {60, 10, 200, -1, 4.f, 0, 0, true, false}},
+      {1, 300, 300, 4, 2, 256, true, true, 0, {-1, -1, -1, -1, 0.f, 70, 70, true, true}},
   };
   if (quick) cases = {cases[2], cases[8], cases[9], cases[16]};
   auto on_h128 = [](const Case& c) { return c.H > 96 && c.H <= 128; };
@@ -383,11 +525,12 @@ int main(int argc, char** argv) {
       const double tol = c.bf16 ? 2e-2 : 4e-3;
       const double lse_tol = 1e-4;  // relative; lse is computed in f32
       const bool ok = r.o < tol && r.dq < tol && r.dk < tol && r.dv < tol && r.lse < lse_tol &&
-                      r.pad_intact;
+                      r.dbias < tol && r.pad_intact;
       all_ok &= ok;
-      char buf[256];
-      std::snprintf(buf, sizeof buf, "%-40s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e %s%s",
-                    describe(c).c_str(), r.o, r.lse, r.dq, r.dk, r.dv, ok ? "ok" : "FAIL",
+      char buf[320];
+      std::snprintf(buf, sizeof buf, "%-40s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e%s %s%s",
+                    describe(c).c_str(), r.o, r.lse, r.dq, r.dk, r.dv,
+                    c.m.bias ? (" dbias " + std::to_string(r.dbias)).c_str() : "", ok ? "ok" : "FAIL",
                     r.pad_intact ? "" : " (pad written)");
       std::printf("%s\n", buf);
       std::fflush(stdout);

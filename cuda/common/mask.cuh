@@ -1,0 +1,195 @@
+// Which (query, key) pairs a masked attention call lets through, for the CUDA
+// kernels of every architecture: causal + local window + per-batch lengths in
+// closed form (tile ranges and a per-element predicate), document segments as
+// CTA-wide id scans (tiles whose ids cannot match are never visited), the
+// dense bias and mask read in place through their broadcast strides, and the
+// logit soft cap. Layout-agnostic: a kernel maps its accumulator fragments to
+// (row, column) itself (sm80: sm80/softmax.cuh prescale_logits, apply_visibility).
+//
+// Conventions (as AttnParams): query i sees key j iff i < q_len, j < kv_len,
+// (!causal or j <= i), (left < 0 or i - j <= left), (right < 0 or j - i <=
+// right), with segment ids q_seg[i] == kv_seg[j], and with a dense mask
+// mask[n, i, j]. Logits are softcap(scale q.k) + bias[n, i, j]. An empty range
+// is (0, 0).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/params.h"
+
+namespace jaxattn::cuda {
+
+// Where element (head n, query i, key j) of a dense bias / mask (dims [E,
+// Bb, Nb, Tb, Sb] broadcast against [batch, N, T, S], AttnParams) sits for
+// one batch row: base + n * head + i * row + j * col (0 on broadcast dims).
+struct DenseIndex {
+  int64_t base, head;
+  int row, col;
+
+  __device__ static DenseIndex of(const int (&dims)[5], int batch, int b) {
+    const int inner = batch / dims[0];
+    const int64_t bb = int64_t(b / inner) * dims[1] + (dims[1] > 1 ? b % inner : 0);
+    DenseIndex d;
+    d.col = dims[4] > 1 ? 1 : 0;
+    d.row = dims[3] > 1 ? dims[4] : 0;
+    d.head = dims[2] > 1 ? int64_t(dims[3]) * dims[4] : 0;
+    d.base = bb * dims[2] * int64_t(dims[3]) * dims[4];
+    return d;
+  }
+  __device__ int64_t at(int n, int i, int j) const { return base + n * head + int64_t(i) * row + int64_t(j) * col; }
+};
+
+// The mask of one batch row b of a call (trivial type: kernels may keep it
+// in shared memory; MaskView::of fills every field).
+struct MaskView {
+  int q_len, kv_len;  // valid queries / keys (lengths clamped to [0, T] / [0, S])
+  int left, right;    // local window, -1 = unlimited
+  bool causal;
+  const int32_t* q_seg;   // segment ids of row b ([T]), or null
+  const int32_t* kv_seg;  // [S], or null
+  const float* bias;      // dense bias (f32, AttnParams::bias), or null
+  DenseIndex bias_at;
+  const bool* dense;      // dense mask (true = attend, AttnParams::mask), or null
+  DenseIndex dense_at;
+
+  // The mask of batch row b of p.
+  __device__ static MaskView of(const AttnParams& p, int b) {
+    MaskView m;
+    const int T = p.seqlen_q, S = p.seqlen_k;
+    m.q_len = p.q_lengths ? min(max(p.q_lengths[b], 0), T) : T;
+    m.kv_len = p.kv_lengths ? min(max(p.kv_lengths[b], 0), S) : S;
+    m.left = p.window_left;
+    m.right = p.window_right;
+    m.causal = p.is_causal;
+    m.q_seg = p.q_segment_ids ? p.q_segment_ids + int64_t(b) * T : nullptr;
+    m.kv_seg = p.q_segment_ids ? p.kv_segment_ids + int64_t(b) * S : nullptr;
+    m.bias = p.bias;
+    m.bias_at = DenseIndex::of(p.bias_dims, p.batch, b);
+    m.dense = p.mask;
+    m.dense_at = DenseIndex::of(p.mask_dims, p.batch, b);
+    return m;
+  }
+
+  // The bias of (head n, query i, key j), 0 outside the valid lengths (where
+  // the pair is invisible anyway) or without a bias.
+  __device__ float bias_of(int n, int i, int j) const {
+    return bias && i < q_len && j < kv_len ? __ldg(bias + bias_at.at(n, i, j)) : 0.f;
+  }
+  // Row i of head n of the bias (element j at + j * bias_at.col), or null
+  // outside the valid queries; bias_col: column j (query i at + i * bias_at.row).
+  __device__ const float* bias_row(int n, int i) const {
+    return i < q_len ? bias + bias_at.at(n, i, 0) : nullptr;
+  }
+  __device__ const float* bias_col(int n, int j) const {
+    return j < kv_len ? bias + bias_at.at(n, 0, j) : nullptr;
+  }
+  // Whether the dense mask lets (head n, query i, key j) through (a valid pair).
+  __device__ bool dense_ok(int n, int i, int j) const {
+    return !dense || (i < q_len && j < kv_len && dense[dense_at.at(n, i, j)]);
+  }
+
+  // Keys [x, y) that some query of rows [m0, m1) may see (segments aside).
+  __device__ int2 key_range(int m0, int m1) const {
+    const int m_end = min(m1, q_len);
+    if (m0 >= m_end) return make_int2(0, 0);
+    int lo = 0, hi = kv_len;
+    if (left >= 0) lo = max(lo, m0 - left);
+    if (causal) hi = min(hi, m_end);
+    if (right >= 0) hi = int(min(int64_t(hi), int64_t(m_end) + right));
+    return lo < hi ? make_int2(lo, hi) : make_int2(0, 0);
+  }
+
+  // Queries [x, y) that may see some key of [n0, n1) (segments aside): the backward's range.
+  __device__ int2 query_range(int n0, int n1) const {
+    const int n_end = min(n1, kv_len);
+    if (n0 >= n_end) return make_int2(0, 0);
+    int lo = 0, hi = q_len;
+    if (causal) lo = max(lo, n0);
+    if (right >= 0) lo = max(lo, n0 - right);
+    if (left >= 0) hi = int(min(int64_t(hi), int64_t(n_end) + left));
+    return lo < hi ? make_int2(lo, hi) : make_int2(0, 0);
+  }
+
+  // Whether the tile rows [m0, m1) x keys [n0, n1) may hold an invisible pair
+  // (segments aside): false means every pair is visible, no predicate needed.
+  __device__ bool tile_partial(int m0, int m1, int n0, int n1) const {
+    return dense != nullptr || m1 > q_len || n1 > kv_len || (causal && n1 - 1 > m0) ||
+           (left >= 0 && int64_t(m1) - 1 - n0 > left) || (right >= 0 && int64_t(n1) - 1 - m0 > right);
+  }
+
+  // Whether query i sees key j (segments aside; the caller compares the ids).
+  __device__ bool visible(int i, int j) const {
+    return i < q_len && j < kv_len && (!causal || j <= i) && (left < 0 || i - j <= left) &&
+           (right < 0 || j - i <= right);
+  }
+};
+
+// min / max of ids[lo, hi) over the whole CTA (every thread calls it; red: 2
+// ints of shared memory). (INT_MAX, INT_MIN) when the range is empty.
+__device__ inline int2 cta_id_range(const int32_t* ids, int lo, int hi, int* red) {
+  int mn = 0x7fffffff, mx = int(0x80000000);
+  for (int i = lo + int(threadIdx.x); i < hi; i += blockDim.x) {
+    const int id = __ldg(ids + i);
+    mn = min(mn, id);
+    mx = max(mx, id);
+  }
+  mn = __reduce_min_sync(0xffffffffu, mn);
+  mx = __reduce_max_sync(0xffffffffu, mx);
+  if (threadIdx.x == 0) red[0] = 0x7fffffff, red[1] = int(0x80000000);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) atomicMin(red, mn), atomicMax(red + 1, mx);
+  __syncthreads();
+  const int2 r = make_int2(red[0], red[1]);
+  __syncthreads();  // (red may be reused at once)
+  return r;
+}
+
+// The narrowest [x, y) within [lo, hi) holding every index i with vmin <=
+// ids[i] <= vmax, over the whole CTA (every thread calls it; red: 2 ints of
+// shared memory); (0, 0) when there is none. Exact for any ids; with sorted
+// (packed) ids nothing outside it can match and nothing inside is skipped.
+// The scan keeps kUnroll coalesced loads in flight per thread (it may read
+// all S ids of a row: its latency, not its bandwidth, is what costs).
+__device__ inline int2 cta_id_span(const int32_t* ids, int lo, int hi, int vmin, int vmax, int* red) {
+  constexpr int kUnroll = 8;
+  int first = 0x7fffffff, last = -1;
+  if (vmin <= vmax) {
+    const int step = blockDim.x;
+    for (int base = lo + int(threadIdx.x); base < hi; base += step * kUnroll) {
+      int id[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) id[u] = base + u * step < hi ? __ldg(ids + base + u * step) : 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (id[u] >= vmin && id[u] <= vmax && base + u * step < hi) {
+          first = min(first, base + u * step);
+          last = max(last, base + u * step);
+        }
+      }
+    }
+  }
+  first = __reduce_min_sync(0xffffffffu, first);
+  last = __reduce_max_sync(0xffffffffu, last);
+  if (threadIdx.x == 0) red[0] = 0x7fffffff, red[1] = -1;
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) atomicMin(red, first), atomicMax(red + 1, last);
+  __syncthreads();
+  const int f = red[0], l = red[1];
+  __syncthreads();
+  return l >= f ? make_int2(f, l + 1) : make_int2(0, 0);
+}
+
+// The logit soft cap: cap * tanh(x / cap) of a scaled logit x (inv_cap = 1 / cap).
+__device__ __forceinline__ float softcap_forward(float x, float cap, float inv_cap) {
+  return cap * tanhf(x * inv_cap);
+}
+
+// d softcap(x) / dx = 1 - tanh^2(x / cap), from the capped value c = cap * tanh(x / cap).
+__device__ __forceinline__ float softcap_grad(float capped, float inv_cap) {
+  const float t = capped * inv_cap;
+  return 1.f - t * t;
+}
+
+}  // namespace jaxattn::cuda
