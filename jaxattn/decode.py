@@ -12,12 +12,12 @@ kernel (cuda/decode/; bf16/f16, H 64/128/256) where it covers the call; the
 pure-JAX gather-then-attend implementation everywhere else (``"xla"``,
 jaxattn/decode_reference.py). ``decode_kernel_for`` names the choice.
 
-The CUDA kernel comes in two versions: 1 (CUDA cores, register pipelining;
-validated on the H200, 1.3-1.7x the XLA path) and 2 (cp.async shared-memory
-ring + mma.sync tensor cores, built for read bandwidth). ``"cuda_v1"`` /
-``"cuda_v2"`` force one; ``"cuda"`` and the default use
-``CUDA_DEFAULT_VERSION``, which the environment variable
-``JAXATTN_CUDA_DECODE_VERSION`` (1 or 2) overrides when a call is traced.
+The CUDA kernel comes in two versions: 1 (CUDA cores, register pipelining) and 2
+(cp.async shared-memory ring + mma.sync tensor cores, built for read bandwidth).
+``"cuda_v1"`` / ``"cuda_v2"`` force one; ``"cuda"`` and the default take the
+measured faster one for the cache (``default_cuda_version``), which the
+environment variable ``JAXATTN_CUDA_DECODE_VERSION`` (1 or 2) overrides when a
+call is traced.
 """
 
 from __future__ import annotations
@@ -37,9 +37,14 @@ from ._validation import SUPPORTED_DTYPES, MAX_HEAD_DIM, static_scale, static_so
 MAX_QUERIES = 16  # Tq
 MIN_PAGE_SIZE, MAX_PAGE_SIZE, PAGE_SIZE_MULTIPLE = 16, 256, 16
 IMPLEMENTATIONS = (None, "cpu", "xla", "cuda", "cuda_v1", "cuda_v2")
-# The CUDA kernel version "cuda" and the default run (1 until version 2 is
-# measured on the H200; JAXATTN_CUDA_DECODE_VERSION overrides at trace time).
-CUDA_DEFAULT_VERSION = 1
+# The CUDA kernel version "cuda" and the default run when no cache is given
+# (JAXATTN_CUDA_DECODE_VERSION overrides at trace time); with a cache,
+# default_cuda_version decides.
+CUDA_DEFAULT_VERSION = 2
+# Paged caches with rows shorter than this run version 1 (H200, N=32/K=8, H=128,
+# page size 64: v2 paged reached 673 vs 1419 GB/s for v1 at B=16 L=4K, ~1x at B=64
+# L=4K, and 1.5-1.6x v1 from L=16K up; contiguous caches: v2 1.9-2.8x v1 everywhere).
+PAGED_V2_MIN_CAPACITY = 16384
 CUDA_KERNEL_NAMES = {1: "cuda:decode", 2: "cuda:decode_v2"}
 
 
@@ -172,13 +177,22 @@ def _env_int(name: str, default: int, allowed) -> int:
     return value
 
 
-def cuda_version(implementation=None) -> int:
-    """The CUDA decode kernel version a call with this `implementation` runs."""
+def default_cuda_version(spec: DecodeSpec | None) -> int:
+    """The measured faster CUDA kernel version for a cache: 2, except paged caches with
+    rows below PAGED_V2_MIN_CAPACITY keys (1); CUDA_DEFAULT_VERSION without a spec."""
+    if spec is None:
+        return CUDA_DEFAULT_VERSION
+    return 1 if spec.paged and spec.capacity < PAGED_V2_MIN_CAPACITY else 2
+
+
+def cuda_version(implementation=None, spec: DecodeSpec | None = None) -> int:
+    """The CUDA decode kernel version a call with this `implementation` (and cache
+    `spec`) runs."""
     if implementation == "cuda_v1":
         return 1
     if implementation == "cuda_v2":
         return 2
-    return _env_int("JAXATTN_CUDA_DECODE_VERSION", CUDA_DEFAULT_VERSION, range(1, 3))
+    return _env_int("JAXATTN_CUDA_DECODE_VERSION", default_cuda_version(spec), range(1, 3))
 
 
 def kernel_for_spec(spec: DecodeSpec, platform: str) -> str:
@@ -188,7 +202,7 @@ def kernel_for_spec(spec: DecodeSpec, platform: str) -> str:
     if platform == "cpu":
         return "cpu:decode"
     if platform in ("cuda", "gpu") and cuda_unsupported_reason(spec) is None:
-        return CUDA_KERNEL_NAMES[cuda_version()]
+        return CUDA_KERNEL_NAMES[cuda_version(spec=spec)]
     return "xla"
 
 
@@ -209,7 +223,7 @@ def decode_kernel_for(query, key_cache, value_cache, *, kv_lengths, block_table=
     if implementation == "xla":
         return "xla"
     if implementation in ("cuda", "cuda_v1", "cuda_v2"):
-        return CUDA_KERNEL_NAMES[cuda_version(implementation)]
+        return CUDA_KERNEL_NAMES[cuda_version(implementation, spec)]
     return kernel_for_spec(spec, platform or jax.default_backend())
 
 
@@ -342,11 +356,11 @@ def decode_attention(query, key_cache, value_cache, *, kv_lengths, block_table=N
     if implementation == "cpu":
         fn = cpu
     elif implementation in ("cuda", "cuda_v1", "cuda_v2"):
-        fn = functools.partial(_cuda_decode, spec=spec, version=cuda_version(implementation))
+        fn = functools.partial(_cuda_decode, spec=spec, version=cuda_version(implementation, spec))
     elif implementation == "xla":
         fn = xla
     else:
-        cuda = (functools.partial(_cuda_decode, spec=spec, version=cuda_version())
+        cuda = (functools.partial(_cuda_decode, spec=spec, version=cuda_version(spec=spec))
                 if cuda_unsupported_reason(spec) is None else xla)
 
         def fn(*args):

@@ -384,8 +384,10 @@ def test_dispatch_rule():
     half = {k: (x.astype(jnp.bfloat16) if k in ("query", "key_cache", "value_cache") else x) for k, x in a.items()}
     assert jaxattn.decode_kernel_for(**half, platform="rocm") == "xla"
     if jaxattn.built_with_cuda():
-        # 16-bit caches on CUDA GPUs run the CUDA kernel by default, in the default version.
-        default = d.CUDA_KERNEL_NAMES[d.cuda_version()]
+        # 16-bit caches on CUDA GPUs run the CUDA kernel by default, in the version
+        # measured faster for the cache (this one is paged with short rows: version 1).
+        assert half["block_table"] is not None
+        default = d.CUDA_KERNEL_NAMES[1]
         assert jaxattn.decode_kernel_for(**half, platform="cuda") == default
         assert jaxattn.decode_kernel_for(**half, platform="gpu") == default
         assert jaxattn.decode_kernel_for(**half, implementation="cuda") == default
@@ -410,6 +412,16 @@ def test_cuda_version_choice(monkeypatch):
     assert d.cuda_version("cuda_v1") == 1 and d.cuda_version("cuda_v2") == 2
     monkeypatch.delenv("JAXATTN_CUDA_DECODE_VERSION", raising=False)
     assert d.cuda_version() == d.cuda_version("cuda") == d.CUDA_DEFAULT_VERSION
+    # With a cache: version 2, except paged caches with short rows (measured on the H200).
+    def spec(page_size, capacity):
+        return d.DecodeSpec(batch=16, seqlen_q=1, num_heads=32, num_heads_k=8, head_dim=128, capacity=capacity,
+                            page_size=page_size, dtype=jnp.bfloat16, scale=0.1, window_left=None, softcap=None)
+    assert d.cuda_version(spec=spec(None, 4096)) == 2
+    assert d.cuda_version(spec=spec(64, 4096)) == 1
+    assert d.cuda_version(spec=spec(64, d.PAGED_V2_MIN_CAPACITY)) == 2
+    assert d.cuda_version("cuda_v2", spec(64, 4096)) == 2
+    monkeypatch.setenv("JAXATTN_CUDA_DECODE_VERSION", "2")
+    assert d.cuda_version(spec=spec(64, 4096)) == 2
     for v in (1, 2):
         monkeypatch.setenv("JAXATTN_CUDA_DECODE_VERSION", str(v))
         assert d.cuda_version() == d.cuda_version("cuda") == v
@@ -435,8 +447,7 @@ def test_gpu_default_is_cuda_kernel():
     dev = jax.devices("gpu")[0]
     case = [None if x is None else jax.device_put(x, dev)
             for x in make_case(2, 4, 8, 2, 128, 256, jnp.bfloat16, page_size=64)]
-    assert (jaxattn.decode_kernel_for(*case[:3], kv_lengths=case[3], block_table=case[4])
-            == d.CUDA_KERNEL_NAMES[d.cuda_version()])
+    assert jaxattn.decode_kernel_for(*case[:3], kv_lengths=case[3], block_table=case[4]) == "cuda:decode"
     check(None, *case, jnp.bfloat16)
     case32 = [None if x is None else jax.device_put(x, dev)
               for x in make_case(2, 4, 8, 2, 128, 256, jnp.float32, page_size=64)]

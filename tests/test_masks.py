@@ -744,6 +744,7 @@ def test_sharded_batch_with_lengths(shardy, tmp_path):
 _SHARDED_DENSE = textwrap.dedent("""
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["JAX_PLATFORMS"] = "cpu"  # 4 CPU devices also on GPU machines
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     import jaxattn
