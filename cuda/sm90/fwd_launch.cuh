@@ -85,31 +85,43 @@ cuda::LaunchStatus launch_schedule(const AttnParams& p, cudaStream_t stream) {
   return launch_fwd<Tr>(p, stream, kernel, kPersistent);
 }
 
-// One of the explicit schedules (not kPersistent / kDefault), on either grid.
-template <int kHeadDim, typename Elem, bool kPersistent>
+// One of the explicit schedules (not kPersistent / kDefault) on the (query tiles,
+// heads, batch) grid.
+template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_schedule(const AttnParams& p, cudaStream_t stream, FwdVariant variant) {
   using Tr = FwdTraits<kHeadDim, Elem>;
   switch (variant) {
     case FwdVariant::kSerial:
-      return launch_schedule<Tr, false, false, kPersistent>(p, stream);
+      return launch_schedule<Tr, false, false, false>(p, stream);
     case FwdVariant::kOverlapPingpong:
-      return launch_schedule<Tr, true, true, kPersistent>(p, stream);
+      return launch_schedule<Tr, true, true, false>(p, stream);
     case FwdVariant::kSerialPingpong:
-      return launch_schedule<Tr, false, true, kPersistent>(p, stream);
+      return launch_schedule<Tr, false, true, false>(p, stream);
     case FwdVariant::kOverlap3:
-      if constexpr (kHeadDim == 64) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, kPersistent>(p, stream);
+      if constexpr (kHeadDim == 64) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, false>(p, stream);
       [[fallthrough]];
     default:
-      return launch_schedule<Tr, true, false, kPersistent>(p, stream);
+      return launch_schedule<Tr, true, false, false>(p, stream);
   }
+}
+
+// kPersistent runs the default schedule on the persistent grid: only the schedules
+// default_variant picks have persistent instantiations.
+template <int kHeadDim, typename Elem>
+cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdVariant best) {
+  using Tr = FwdTraits<kHeadDim, Elem>;
+  if (best == FwdVariant::kOverlapPingpong) return launch_schedule<Tr, true, true, true>(p, stream);
+  if constexpr (kHeadDim == 64) {
+    if (best == FwdVariant::kOverlap3) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, true>(p, stream);
+  }
+  return launch_schedule<Tr, true, false, true>(p, stream);
 }
 
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant variant) {
   const FwdVariant best = default_variant(kHeadDim, p.is_causal, p.seqlen_q);
-  if (variant == FwdVariant::kPersistent) return run_schedule<kHeadDim, Elem, true>(p, stream, best);
-  if (variant == FwdVariant::kDefault) variant = best;
-  return run_schedule<kHeadDim, Elem, false>(p, stream, variant);
+  if (variant == FwdVariant::kPersistent) return run_persistent<kHeadDim, Elem>(p, stream, best);
+  return run_schedule<kHeadDim, Elem>(p, stream, variant == FwdVariant::kDefault ? best : variant);
 }
 
 }  // namespace jaxattn::sm90
