@@ -24,9 +24,11 @@ static nb::capsule capsule(T* fn) {
 #ifdef JAXATTN_WITH_SM90
 // Params of a call with contiguous tensors at an aligned stand-in address: what the
 // dispatch rules see for XLA's buffers (only sizes, strides and alignment matter).
-// `masked`: the call uses a mask option (the stand-in marks it with lengths).
+// `masks`: the call's mask options, 0 = none, 1 = structured (window, lengths,
+// segments, soft cap; the stand-in marks them with lengths), 2 = a dense bias or
+// mask too (marked with a mask).
 static jaxattn::AttnParams stand_in_params(int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
-                                           int head_dim, bool half_precision, bool deterministic, bool masked) {
+                                           int head_dim, bool half_precision, bool deterministic, int masks) {
   jaxattn::AttnParams p;
   p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
   p.num_heads = num_heads, p.num_heads_k = num_heads_k, p.head_dim = head_dim;
@@ -39,7 +41,8 @@ static jaxattn::AttnParams stand_in_params(int batch, int seqlen_q, int seqlen_k
   p.lse = p.dq_accum = p.dpsum = reinterpret_cast<float*>(stand_in);
   p.deterministic = deterministic;
   p.dq_semaphore = reinterpret_cast<int32_t*>(stand_in);
-  if (masked) p.q_lengths = p.kv_lengths = reinterpret_cast<int32_t*>(stand_in);
+  if (masks >= 1) p.q_lengths = p.kv_lengths = reinterpret_cast<int32_t*>(stand_in);
+  if (masks >= 2) p.mask = reinterpret_cast<const bool*>(stand_in);
   return p;
 }
 #endif
@@ -70,28 +73,29 @@ NB_MODULE(_jaxattn, m) {
   // contiguous, 64-byte aligned (the addresses below are stand-ins).
   // Which CUDA kernel each pass uses for a call of these sizes on a device of this
   // compute capability (contiguous, aligned tensors, as XLA gives them): "sm90" or "sm80".
-  // `masked`: the call uses a mask option (window, lengths, segments, soft cap).
+  // `masks`: 0 = no mask option, 1 = window / lengths / segments / soft cap only,
+  // 2 = a dense bias or mask (stand_in_params).
   m.def("cuda_forward_kernel", [](int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
-                                  int head_dim, bool half_precision, bool masked, int cc_major,
+                                  int head_dim, bool half_precision, int masks, int cc_major,
                                   int cc_minor) -> std::string {
 #ifdef JAXATTN_WITH_SM90
     const jaxattn::AttnParams p = stand_in_params(batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim,
-                                                  half_precision, false, masked);
+                                                  half_precision, false, masks);
     if (jaxattn::cuda::fwd_on_sm90(p, cc_major, cc_minor)) return "sm90";
 #else
-    (void)masked;
+    (void)masks;
 #endif
     return "sm80";
   });
   m.def("cuda_backward_kernel", [](int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
-                                   int head_dim, bool half_precision, bool deterministic, bool masked, int cc_major,
+                                   int head_dim, bool half_precision, bool deterministic, int masks, int cc_major,
                                    int cc_minor) -> std::string {
 #ifdef JAXATTN_WITH_SM90
     const jaxattn::AttnParams p = stand_in_params(batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim,
-                                                  half_precision, deterministic, masked);
+                                                  half_precision, deterministic, masks);
     if (jaxattn::cuda::bwd_on_sm90(p, cc_major, cc_minor)) return "sm90";
 #else
-    (void)masked;
+    (void)masks;
 #endif
     return "sm80";
   });

@@ -38,11 +38,12 @@ bool sm90_bwd_supports(const AttnParams& p, int cc_major, int cc_minor);
 LaunchStatus flash_bwd_sm90(const AttnParams& p, cudaStream_t stream);
 // The dispatch rule between the Hopper and the portable kernels, asked by the
 // FFI handlers and by jaxattn.kernel_for (bindings/module.cc): the Hopper
-// kernel where it covers the call; masked calls (AttnParams::has_masks) run
-// the portable kernels, which take masks (the Hopper ones do not yet).
+// kernel where it covers the call. Both take windows, lengths, segments and
+// the soft cap; the dense bias / mask, and (backward) masked calls in
+// deterministic mode, run the portable kernels.
 inline bool fwd_on_sm90(const AttnParams& p, int cc_major, int cc_minor) {
 #ifdef JAXATTN_WITH_SM90
-  return !p.has_masks() && sm90_fwd_supports(p, cc_major, cc_minor);
+  return sm90_fwd_supports(p, cc_major, cc_minor);
 #else
   (void)p, (void)cc_major, (void)cc_minor;
   return false;
@@ -50,7 +51,7 @@ inline bool fwd_on_sm90(const AttnParams& p, int cc_major, int cc_minor) {
 }
 inline bool bwd_on_sm90(const AttnParams& p, int cc_major, int cc_minor) {
 #ifdef JAXATTN_WITH_SM90
-  return !p.has_masks() && sm90_bwd_supports(p, cc_major, cc_minor);
+  return sm90_bwd_supports(p, cc_major, cc_minor);
 #else
   (void)p, (void)cc_major, (void)cc_minor;
   return false;

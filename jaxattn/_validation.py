@@ -46,8 +46,16 @@ class AttentionSpec:
 
     @property
     def masked(self) -> bool:
-        """Uses an option beyond is_causal (window, lengths or soft cap)."""
+        """Uses an option beyond is_causal (window, lengths, segments, soft cap, bias or mask)."""
         return bool(self.mask_features())
+
+    @property
+    def mask_kind(self) -> int:
+        """0: no mask option; 1: window / lengths / segments / soft cap only; 2: a
+        dense bias or mask too (the CUDA dispatch rule's cue)."""
+        if self.bias_shape is not None or self.mask_shape is not None:
+            return 2
+        return 1 if self.masked else 0
 
     def mask_features(self) -> list[str]:
         names = []

@@ -6,10 +6,11 @@ kernels when they cover the call, else the pure-JAX reference; the reference
 elsewhere. A forced implementation that cannot run the call raises
 NotImplementedError naming why, so callers can fall back.
 
-Masks on GPUs: local windows, per-batch lengths, segment ids, the soft cap and
-the dense bias / mask run on the portable (sm80) CUDA kernels on every GPU,
-Hopper included (the Hopper kernels take no masks yet; the C++ side of this
-rule is cuda::fwd_on_sm90 / bwd_on_sm90 in cuda/launch.h).
+Masks on GPUs: local windows, per-batch lengths, segment ids and the soft cap
+run on the Hopper kernels on an H100/H200 (both passes; the backward of such a
+call in deterministic mode runs the portable kernel); the dense bias / mask runs
+on the portable (sm80) kernels on every GPU. The C++ side of this rule is
+cuda::fwd_on_sm90 / bwd_on_sm90 in cuda/launch.h.
 """
 
 from __future__ import annotations
@@ -54,12 +55,13 @@ def _compute_capability() -> tuple[int, int]:
 
 def cuda_kernel_name(spec: AttentionSpec, deterministic: bool = False) -> str:
     """The CUDA kernels that run `spec` (it must be supported), e.g. 'cuda:fwd=sm90,bwd=sm90'
-    ('cuda:fwd=sm80,bwd=sm80' for masked calls)."""
+    ('cuda:fwd=sm80,bwd=sm80' with a dense bias / mask, 'cuda:fwd=sm90,bwd=sm80' for
+    other masks in deterministic mode)."""
     sizes = (spec.batch, spec.seqlen_q, spec.seqlen_k, spec.num_heads, spec.num_heads_k, spec.head_dim,
              spec.dtype in CUDA_DTYPES)
     cc = _compute_capability()
-    fwd = _jaxattn.cuda_forward_kernel(*sizes, spec.masked, *cc)
-    bwd = _jaxattn.cuda_backward_kernel(*sizes, bool(deterministic), spec.masked, *cc)
+    fwd = _jaxattn.cuda_forward_kernel(*sizes, spec.mask_kind, *cc)
+    bwd = _jaxattn.cuda_backward_kernel(*sizes, bool(deterministic), spec.mask_kind, *cc)
     return f"cuda:fwd={fwd},bwd={bwd}"
 
 

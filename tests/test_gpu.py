@@ -72,7 +72,7 @@ def test_128k_tokens_one_sequence():
 
 def _hopper_kernels() -> bool:
     return (_gpu().compute_capability == "9.0"
-            and jaxattn._extension._jaxattn.cuda_forward_kernel(1, 64, 64, 4, 4, 64, True, False, 9, 0) == "sm90")
+            and jaxattn._extension._jaxattn.cuda_forward_kernel(1, 64, 64, 4, 4, 64, True, 0, 9, 0) == "sm90")
 
 
 def test_default_dispatch_on_gpu():

@@ -642,7 +642,7 @@ def test_bad_lengths_unbatched():
         jaxattn.flash_attention(q, k, v, query_seq_lengths=jnp.asarray([1, 2], jnp.int32))
 
 
-# ---- dispatch: masked calls run the portable CUDA kernels ---------------------------
+# ---- dispatch: which CUDA kernels masked calls run --------------------------------
 
 MASKED = {
     "local_window_size": dict(local_window_size=4),
@@ -654,6 +654,22 @@ MASKED = {
     "bias": dict(bias=jnp.zeros((1, 2, 8, 12))),
     "mask": dict(mask=jnp.ones((2, 1, 8, 12), bool)),
 }
+DENSE = ("bias", "mask")
+
+
+def hopper_built() -> bool:
+    """Whether this build has the Hopper kernels (the C++ rule asked for an unmasked call on 9.0)."""
+    from jaxattn._extension import _jaxattn
+    return jaxattn.dispatch.built_with_cuda() and _jaxattn.cuda_forward_kernel(1, 64, 64, 4, 4, 64, True, 0, 9, 0) == "sm90"
+
+
+def expected_masked_kernels(feature: str, cc: tuple[int, int], deterministic: bool = False) -> str:
+    """The rule, written out: on a Hopper (9.0) build and device, windows, lengths,
+    segments and the soft cap run the Hopper forward and backward (the backward in
+    deterministic mode: the portable one); a dense bias / mask, and every other GPU,
+    the portable kernels."""
+    hopper = cc == (9, 0) and hopper_built() and feature not in DENSE
+    return f"cuda:fwd={'sm90' if hopper else 'sm80'},bwd={'sm90' if hopper and not deterministic else 'sm80'}"
 
 
 @pytest.fixture
@@ -664,14 +680,16 @@ def as_if_built_with_cuda(monkeypatch):
 
 @pytest.mark.parametrize("feature", sorted(MASKED))
 def test_kernel_for_cuda_platform_masked(feature, as_if_built_with_cuda):
-    """The rule: masked calls run the portable kernels for both passes on every
-    GPU (the Hopper kernels take no masks yet)."""
+    """kernel_for names the kernels of the rule for this machine's device."""
     q, k, v = (x.astype(jnp.bfloat16) for x in _arrays())
-    want = "cuda:fwd=sm80,bwd=sm80"
+    cc = jaxattn.dispatch._compute_capability()
+    want = expected_masked_kernels(feature, cc)
     assert jaxattn.kernel_for(q, k, v, platform="cuda", **MASKED[feature]) == want
     assert jaxattn.kernel_for(q, k, v, platform="gpu", is_causal=True, **MASKED[feature]) == want
-    assert jaxattn.kernel_for(q, k, v, platform="gpu", deterministic=True, **MASKED[feature]) == want
+    assert (jaxattn.kernel_for(q, k, v, platform="gpu", deterministic=True, **MASKED[feature])
+            == expected_masked_kernels(feature, cc, deterministic=True))
     assert jaxattn.kernel_for(q, k, v, implementation="cuda", **MASKED[feature]) == want
+    assert jaxattn.kernel_for(q, k, v, implementation="cuda_sm80", **MASKED[feature]) == "cuda:fwd=sm80,bwd=sm80"
     assert jaxattn.kernel_for(q, k, v, platform="cpu", **MASKED[feature]) == "cpu:flash"
     # float32 stays on the reference on GPUs, masked or not; forcing the CUDA kernels says why.
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
@@ -681,14 +699,20 @@ def test_kernel_for_cuda_platform_masked(feature, as_if_built_with_cuda):
 
 
 @pytest.mark.parametrize("hopper", [False, True])
-def test_kernel_names_masked_are_portable(hopper):
-    """The C++ rule (cuda::fwd_on_sm90 / bwd_on_sm90) asked directly: a masked call is
-    never given to the Hopper kernels, whatever the device."""
+def test_kernel_names_masked(hopper):
+    """The C++ rule (cuda::fwd_on_sm90 / bwd_on_sm90) asked directly for a given device:
+    structured masks (1) on the Hopper kernels of a Hopper build, except the
+    deterministic backward; dense bias / mask (2) never."""
     from jaxattn._extension import _jaxattn
     cc = (9, 0) if hopper else (8, 0)
     sizes = (1, 256, 256, 4, 4, 128, True)
-    assert _jaxattn.cuda_forward_kernel(*sizes, True, *cc) == "sm80"
-    assert _jaxattn.cuda_backward_kernel(*sizes, False, True, *cc) == "sm80"
+    on_hopper = "sm90" if hopper and hopper_built() else "sm80"
+    assert _jaxattn.cuda_forward_kernel(*sizes, 1, *cc) == on_hopper
+    assert _jaxattn.cuda_backward_kernel(*sizes, False, 1, *cc) == on_hopper
+    assert _jaxattn.cuda_backward_kernel(*sizes, True, 1, *cc) == "sm80"
+    assert _jaxattn.cuda_forward_kernel(*sizes, 2, *cc) == "sm80"
+    assert _jaxattn.cuda_backward_kernel(*sizes, False, 2, *cc) == "sm80"
+    assert _jaxattn.cuda_backward_kernel(*sizes, True, 0, *cc) == on_hopper  # (unmasked: ordered dQ adds)
 
 
 # ---- sharding: lengths shard along the batch ------------------------------------

@@ -12,7 +12,7 @@ import pytest
 import jaxattn
 from conftest import CUDA_READY, random_inputs
 from test_masks import (CASES, DENSE_PAIRS, DENSE_SHAPES, SEG_CASES, _dense, _packed, _segments, check_backward,
-                        check_forward)
+                        check_forward, expected_masked_kernels)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA_READY, reason="needs a CUDA GPU and the CUDA kernels")]
 
@@ -31,15 +31,20 @@ def cycled(cases, configs, per_case: int):
 
 
 @pytest.mark.parametrize("impl", ["cuda", "cuda_sm80"])
-def test_masked_calls_run_the_portable_kernels(impl):
+def test_masked_calls_dispatch(impl):
+    """On this GPU: structured masks on the Hopper kernels of an H100/H200, dense ones
+    (and everything on other GPUs, or forced) on the portable kernels."""
     q, k, v = random_inputs((2, 64, 4, 128), (2, 64, 2, 128), jnp.bfloat16)
     lengths = jnp.asarray([30, 64], jnp.int32)
     seg = jnp.zeros((2, 64), jnp.int32)
-    for kw in (dict(local_window_size=8), dict(query_seq_lengths=lengths), dict(key_value_seq_lengths=lengths),
-               dict(logits_soft_cap=20.0), dict(q_segment_ids=seg, kv_segment_ids=seg),
-               dict(bias=jnp.zeros((1, 4, 64, 64))), dict(mask=jnp.ones((64, 64), bool))):
-        assert jaxattn.kernel_for(q, k, v, **kw) == "cuda:fwd=sm80,bwd=sm80"
-        assert jaxattn.kernel_for(q, k, v, implementation=impl, is_causal=True, **kw) == "cuda:fwd=sm80,bwd=sm80"
+    cc = jaxattn.dispatch._compute_capability()
+    for feature, kw in (("window", dict(local_window_size=8)), ("lengths", dict(query_seq_lengths=lengths)),
+                        ("lengths", dict(key_value_seq_lengths=lengths)), ("softcap", dict(logits_soft_cap=20.0)),
+                        ("segments", dict(q_segment_ids=seg, kv_segment_ids=seg)),
+                        ("bias", dict(bias=jnp.zeros((1, 4, 64, 64)))), ("mask", dict(mask=jnp.ones((64, 64), bool)))):
+        want = expected_masked_kernels(feature, cc) if impl == "cuda" else "cuda:fwd=sm80,bwd=sm80"
+        assert jaxattn.kernel_for(q, k, v, **kw) == expected_masked_kernels(feature, cc)
+        assert jaxattn.kernel_for(q, k, v, implementation=impl, is_causal=True, **kw) == want
 
 
 @pytest.mark.parametrize("case,H,dtype,T,S", cycled(sorted(CASES), GRID, 2))

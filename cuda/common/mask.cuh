@@ -119,6 +119,27 @@ struct MaskView {
            (left >= 0 && int64_t(m1) - 1 - n0 > left) || (right >= 0 && int64_t(n1) - 1 - m0 > right);
   }
 
+  // The keys [x, y] (inclusive; x > y when none) query i sees, segments aside:
+  // visible(i, j) == (x <= j && j <= y). Per-row bounds make a tile's predicate
+  // two compares per element.
+  __device__ int2 keys_of_query(int i) const {
+    if (i >= q_len) return make_int2(0, -1);
+    int lo = 0, hi = kv_len - 1;
+    if (causal) hi = min(hi, i);
+    if (left >= 0) lo = max(lo, i - left);
+    if (right >= 0) hi = int(min(int64_t(hi), int64_t(i) + right));
+    return make_int2(lo, hi);
+  }
+  // The queries [x, y] (inclusive; x > y when none) that see key j, segments aside.
+  __device__ int2 queries_of_key(int j) const {
+    if (j >= kv_len) return make_int2(0, -1);
+    int lo = 0, hi = q_len - 1;
+    if (causal) lo = max(lo, j);
+    if (right >= 0) lo = max(lo, j - right);
+    if (left >= 0) hi = int(min(int64_t(hi), int64_t(j) + left));
+    return make_int2(lo, hi);
+  }
+
   // Whether query i sees key j (segments aside; the caller compares the ids).
   __device__ bool visible(int i, int j) const {
     return i < q_len && j < kv_len && (!causal || j <= i) && (left < 0 || i - j <= left) &&
@@ -150,22 +171,39 @@ __device__ inline int2 cta_id_range(const int32_t* ids, int lo, int hi, int* red
 // ids[i] <= vmax, over the whole CTA (every thread calls it; red: 2 ints of
 // shared memory); (0, 0) when there is none. Exact for any ids; with sorted
 // (packed) ids nothing outside it can match and nothing inside is skipped.
-// The scan keeps kUnroll coalesced loads in flight per thread (it may read
-// all S ids of a row: its latency, not its bandwidth, is what costs).
+// The scan may read all S ids of a row: its latency, not its bandwidth, is what
+// costs, so each thread keeps kUnroll 16-byte loads (4 ids each) in flight; the
+// < 4 ids before / after the 16-byte-aligned middle are read one by one.
 __device__ inline int2 cta_id_span(const int32_t* ids, int lo, int hi, int vmin, int vmax, int* red) {
-  constexpr int kUnroll = 8;
+  constexpr int kUnroll = 4;
   int first = 0x7fffffff, last = -1;
-  if (vmin <= vmax) {
-    const int step = blockDim.x;
-    for (int base = lo + int(threadIdx.x); base < hi; base += step * kUnroll) {
-      int id[kUnroll];
+  auto take = [&](int i, int id) {
+    if (id >= vmin && id <= vmax) {
+      first = min(first, i);
+      last = max(last, i);
+    }
+  };
+  if (vmin <= vmax && lo < hi) {
+    const int mis = int((reinterpret_cast<uintptr_t>(ids) >> 2) & 3);  // ids + i is 16-aligned iff (i + mis) % 4 == 0
+    const int a0 = min(hi, lo + ((4 - ((lo + mis) & 3)) & 3));
+    const int a1 = max(a0, hi - ((hi + mis) & 3));
+    const int tid = int(threadIdx.x);
+    if (tid < a0 - lo) take(lo + tid, __ldg(ids + lo + tid));
+    if (tid < hi - a1) take(a1 + tid, __ldg(ids + a1 + tid));
+    const int4* vec = reinterpret_cast<const int4*>(ids + a0);
+    const int nvec = (a1 - a0) / 4, step = int(blockDim.x);
+    for (int base = tid; base < nvec; base += step * kUnroll) {
+      int4 x[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) id[u] = base + u * step < hi ? __ldg(ids + base + u * step) : 0;
+      for (int u = 0; u < kUnroll; ++u) x[u] = base + u * step < nvec ? __ldg(vec + base + u * step) : int4{};
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (id[u] >= vmin && id[u] <= vmax && base + u * step < hi) {
-          first = min(first, base + u * step);
-          last = max(last, base + u * step);
+        if (base + u * step < nvec) {
+          const int i = a0 + 4 * (base + u * step);
+          take(i, x[u].x);
+          take(i + 1, x[u].y);
+          take(i + 2, x[u].z);
+          take(i + 3, x[u].w);
         }
       }
     }

@@ -15,6 +15,7 @@
 #include "sm90/bwd_mainloop.cuh"
 #include "sm90/bwd_mainloop_wide.cuh"
 #include "sm90/bwd_traits.cuh"
+#include "sm90/tile_mask.cuh"
 
 namespace jaxattn::sm90 {
 
@@ -43,12 +44,24 @@ __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   return tile;
 }
 
-template <class Tr, bool kCausal>
+// kMasked: the call has mask options (window, lengths, segments, soft cap; kCausal
+// false, the causal mask is part of the MaskView): the tile's query blocks narrowed
+// to those whose rows may see one of its keys (block-wide scans: every thread calls it).
+template <class Tr, bool kCausal, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const __grid_constant__ BwdParams params) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const BwdSmem<Tr> sm{(ptx::smem_addr(smem_raw) + 1023u) & ~1023u};
   const BwdArgs& args = params.args;
-  const BwdTile tile = bwd_tile_from_block<Tr, kCausal>(args);
+  BwdTile tile = bwd_tile_from_block<Tr, kCausal>(args);
+  __shared__ MaskView mask_view;  // (masked only; otherwise unused, so not allocated)
+  __shared__ int mask_red[2];
+  if constexpr (kMasked) {
+    if (threadIdx.x == 0) mask_view = MaskView::of(args.attn, tile.batch);
+    __syncthreads();
+    const int2 blocks = cta_query_blocks<Tr::kBlockM, Tr::kBlockN>(mask_view, tile.n_block * Tr::kBlockN, mask_red);
+    tile.m_begin = blocks.x;
+    tile.m_end = blocks.y;
+  }
   const int warpgroup = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
 
   if (threadIdx.x == 0) {
@@ -77,9 +90,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     const int tid = threadIdx.x % 128;
     float dk[Tr::kAccRegs], dv[Tr::kAccRegs];
     if constexpr (Tr::kWide)
-      BwdMainloopWide<Tr>::template consume<kCausal>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid);
+      BwdMainloopWide<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
+                                                              &mask_view);
     else
-      BwdMainloop<Tr>::template consume<kCausal>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid);
+      BwdMainloop<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
+                                                          &mask_view);
     BwdEpilogue<Tr>::store(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);
   }
 }

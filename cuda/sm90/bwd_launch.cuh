@@ -59,10 +59,13 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
   kp.args.num_heads = N;
   kp.args.group = N / K;
   kp.args.scale = p.scale;
-  kp.args.scale_log2 = p.scale * static_cast<float>(M_LOG2E);
+  kp.args.scale_log2 = (p.softcap > 0.f ? 1.f : p.scale) * static_cast<float>(M_LOG2E);
+  kp.args.attn = p;
 
-  void (*kernel)(const BwdParams) =
-      p.is_causal ? flash_bwd_sm90_kernel<Tr, true> : flash_bwd_sm90_kernel<Tr, false>;
+  // Masked calls: one instantiation (the causal mask is part of the MaskView).
+  void (*kernel)(const BwdParams) = p.has_masks() ? flash_bwd_sm90_kernel<Tr, false, true>
+                                    : p.is_causal ? flash_bwd_sm90_kernel<Tr, true>
+                                                  : flash_bwd_sm90_kernel<Tr, false>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (e != cudaSuccess) return {e, name};
   const dim3 grid((S + Tr::kBlockN - 1) / Tr::kBlockN, K, p.batch);

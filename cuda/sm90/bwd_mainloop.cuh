@@ -25,8 +25,68 @@
 #include "sm90/bwd_traits.cuh"
 #include "sm90/fwd_smem.cuh"  // PipeState
 #include "sm90/smem_rows.cuh"
+#include "sm90/tile_mask.cuh"
 
 namespace jaxattn::sm90 {
+
+// The mask of one consumer thread's S^T accumulators in a masked backward (no-ops
+// unless kMasked): 64 keys (this thread's rows key0, key0 + 8) x kCols query
+// columns. It holds the key rows' segment ids, the step's query ids and, with
+// a soft cap, the cap's gradient factor of each element (in [0, 1], kept as
+// fp16 pairs to save registers: finer than the 16-bit dS^T it multiplies).
+template <bool kMasked, int kCols>
+struct BwdStepMask {
+  static constexpr int kPairs = kMasked ? kCols / 4 : 1;
+  const MaskView* view;
+  bool segments = false, capped = false;
+  int key_ids[2] = {0, 0};
+  SegmentBits<kMasked ? kCols / 2 : 4> seg;
+  uint32_t grad[kPairs];
+
+  __device__ __forceinline__ BwdStepMask(const MaskView* v, const AttnParams& attn, int key0) : view(v) {
+    if constexpr (kMasked) {
+      segments = v->q_seg != nullptr;
+      capped = attn.softcap > 0.f;
+      if (segments) load_row_ids(key_ids, v->kv_seg, key0, v->kv_len);
+    }
+  }
+  // The segment-id matches of the step's query columns q0 ... (before waiting for S^T).
+  __device__ __forceinline__ void load_ids(int q0, int t) {
+    if constexpr (kMasked) {
+      if (segments) seg.load(key_ids, view->q_seg, q0, t, view->q_len);
+    }
+  }
+  // The raw S^T soft-capped (gradient factor kept) and set to -inf where the mask
+  // hides the pair (key_first: the warpgroup's first key row; key0: this thread's
+  // h = 0 key row). (A warp-level first key here made ptxas spill at H=128.)
+  __device__ __forceinline__ void apply(float (&s)[kCols / 2], const AttnParams& attn, int key_first, int key0,
+                                        int q0, int t) {
+    if constexpr (kMasked) {
+      if (capped) {
+        softcap_tile(s, attn.scale, attn.softcap);
+        const float inv_cap = 1.f / attn.softcap;
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i)
+          grad[i] = ptx::pack2<__half>(cuda::softcap_grad(s[2 * i], inv_cap), cuda::softcap_grad(s[2 * i + 1], inv_cap));
+      }
+      if (warp_needs_mask<false, 64>(*view, key_first, q0, segments, seg))
+        mask_tile<false>(s, *view, key0, q0, t, segments, seg);
+    }
+  }
+  // dS^T of the capped logits -> of the raw ones (times the cap's gradient).
+  __device__ __forceinline__ void chain_grads(float (&ds)[kCols / 2]) const {
+    if constexpr (kMasked) {
+      if (capped) {
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) {
+          const float2 g = ptx::unpack2<__half>(grad[i]);
+          ds[2 * i] *= g.x;
+          ds[2 * i + 1] *= g.y;
+        }
+      }
+    }
+  }
+};
 
 template <class Tr>
 struct BwdMainloop {
@@ -200,12 +260,14 @@ struct BwdMainloop {
   }
 
   // ---- consumer: every step of a tile -------------------------------------------
-  // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
-  template <bool kCausal>
+  // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127). kMasked: the
+  // mask is `mask_view` (shared memory; the causal mask is part of it, kCausal false).
+  template <bool kCausal, bool kMasked = false>
   __device__ static void consume(float (&dk)[kAccRegs], float (&dv)[kAccRegs], const CUtensorMap* tm_dq,
                                  const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args, int wg,
-                                 int tid) {
+                                 int tid, const MaskView* mask_view = nullptr) {
     static_assert(kBlockM == 64, "one lane pair per two query columns");
+    static_assert(!(kCausal && kMasked), "masked kernels take causal from the MaskView");
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int key_wg0 = tile.n_block * kBlockN + wg * 64;  // first key of this warpgroup
     const int key0 = key_wg0 + warp * 16 + g;               // this thread's h = 0 key row
@@ -218,6 +280,7 @@ struct BwdMainloop {
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
     float s[kSRegs], dp[kSRegs], dq[kDqRegs];
     uint32_t p[kPRegs], ds[kPRegs];
+    BwdStepMask<kMasked, kBlockM> mask(mask_view, args.attn, key0);
 
     // lse (log2 domain; +inf for rows past T or with no key: P = 0) and D for
     // columns 2 lane, 2 lane + 1 of a step; loaded one step ahead at H >= 128
@@ -244,11 +307,13 @@ struct BwdMainloop {
         issue_abT(dp, v_rows, kBlockN * 128, do_tile);
         hptx::wgmma_commit();
         if constexpr (kPrefetch) prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next);
+        mask.load_ids(q_base, t);
 
         // P^T once S^T is in.
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(s);
-        const bool need_mask = key_wg0 + 63 >= S || (kCausal && key_wg0 + 63 > q_base);
+        mask.apply(s, args.attn, key_wg0, key0, q_base, t);
+        const bool need_mask = !kMasked && (key_wg0 + 63 >= S || (kCausal && key_wg0 + 63 > q_base));
         probs<kCausal, kBlockM>(s, lse2, q_base, key0, S, sl2, need_mask, t);
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
@@ -257,6 +322,7 @@ struct BwdMainloop {
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dp);
         dscores<kBlockM>(dp, s, dps2, t);
+        mask.chain_grads(dp);
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
 

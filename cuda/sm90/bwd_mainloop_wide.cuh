@@ -81,10 +81,12 @@ struct BwdMainloopWide {
   }
 
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
-  template <bool kCausal>
+  // kMasked: as BwdMainloop::consume.
+  template <bool kCausal, bool kMasked = false>
   __device__ static void consume(float (&dk)[kAccRegs], float (&dv)[kAccRegs], const CUtensorMap* tm_dq,
                                  const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args, int wg,
-                                 int tid) {
+                                 int tid, const MaskView* mask_view = nullptr) {
+    static_assert(!(kCausal && kMasked), "masked kernels take causal from the MaskView");
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int key_cta0 = tile.n_block * kBlockN;  // first key of this CTA
     const int key0 = key_cta0 + warp * 16 + g;    // this thread's h = 0 key row
@@ -96,6 +98,7 @@ struct BwdMainloopWide {
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
     float s[kSRegs], dp[kSRegs], dq[kAccRegs];
     uint32_t pk[kSRegs / 2];
+    BwdStepMask<kMasked, kQCols> mask(mask_view, args.attn, key0);
 
     // lse / D of this warpgroup's query columns, loaded one step ahead.
     float2 lse_next, dps_next;
@@ -120,6 +123,7 @@ struct BwdMainloopWide {
         issue_abT(dp, sm.v(), do_tile, wg);
         hptx::wgmma_commit();
         Base::prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next, wg * kQCols);
+        mask.load_ids(q0, t);
 
         // The previous step's reduce-add has read its staging: that stage is free.
         if (tid == 0 && pending_stage >= 0) {
@@ -130,7 +134,8 @@ struct BwdMainloopWide {
         // P^T, then dS^T, into this warpgroup's columns of the shared tiles.
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(s);
-        const bool need_mask = key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q0);
+        mask.apply(s, args.attn, key_cta0, key0, q0, t);
+        const bool need_mask = !kMasked && (key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q0));
         Base::template probs<kCausal, kQCols>(s, lse2, q0, key0, S, sl2, need_mask, t);
 #pragma unroll
         for (int i = 0; i < kSRegs / 2; ++i) pk[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
@@ -139,6 +144,7 @@ struct BwdMainloopWide {
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dp);
         Base::template dscores<kQCols>(dp, s, dps2, t);
+        mask.chain_grads(dp);
 #pragma unroll
         for (int i = 0; i < kSRegs / 2; ++i) pk[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
         store_packed_sw128<kQCols>(pk, sm.ds(buf), 0, warp * 16 + g, t, wg * kQCols);

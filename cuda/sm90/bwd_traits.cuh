@@ -30,6 +30,8 @@
 
 #include <cstdint>
 
+#include "common/params.h"
+
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -101,7 +103,11 @@ struct BwdArgs {
   int32_t* dq_semaphore;  // deterministic mode: [B, N, ceil(T / kDqSemaphoreRows)]; else null
   int seqlen_q, seqlen_k, num_heads, group;  // group = N / K
   float scale;         // logits scale (dK is scaled here; dQ by the convert kernel)
-  float scale_log2;    // scale * log2(e)
+  float scale_log2;    // the exponent factor of P: scale * log2(e) (log2(e) with a soft cap,
+                       // whose logits are already scaled)
+  // The call itself (masked instantiations read their options from it: MaskView::of,
+  // softcap).
+  AttnParams attn;
 };
 
 template <class Tr>

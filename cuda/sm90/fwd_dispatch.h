@@ -30,6 +30,7 @@ enum class FwdVariant : int {
 constexpr int kNumFwdVariants = 6;  // the explicit ones
 
 // Launches the forward for one head dim / element type; `p` already validated.
+// Masked calls (p.has_masks()) run their own instantiation whatever `variant` says.
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant variant);
 

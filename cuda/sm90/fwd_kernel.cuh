@@ -15,6 +15,7 @@
 #include "sm90/fwd_mainloop.cuh"
 #include "sm90/fwd_smem.cuh"
 #include "sm90/fwd_traits.cuh"
+#include "sm90/tile_mask.cuh"
 
 namespace jaxattn::sm90 {
 
@@ -69,11 +70,27 @@ __device__ __forceinline__ FwdTile fwd_tile_from_block(const FwdArgs& a) {
   return tile;
 }
 
+// Masked instantiations (window, lengths, segments, soft cap; non-persistent grid):
+// the tile's key blocks narrowed to what some row of the tile may see (block-wide
+// scans of the segment ids: every thread of the CTA calls it). `view` and `red`
+// live in shared memory; the consumers read the mask from `view`.
+template <class Tr>
+__device__ __forceinline__ void fwd_mask_tile(FwdTile& tile, const FwdArgs& a, MaskView& view, int* red) {
+  if (threadIdx.x == 0) view = MaskView::of(a.attn, tile.batch);
+  __syncthreads();
+  const int2 blocks = cta_key_blocks<Tr::kBlockM, Tr::kBlockN>(view, tile.m_block * Tr::kBlockM, red);
+  tile.n_begin = blocks.x;
+  tile.n_blocks = blocks.y;
+}
+
 // kPersistent: a 1-D grid of at most one CTA per SM; CTA c runs tiles c, c + grid,
 // ... (fwd_tile order), and its producer loads the next tile's first K / V blocks
 // while the consumers finish the previous tile.
-template <class Tr, bool kCausal, bool kOverlap, bool kPingpong, bool kPersistent = false>
+// kMasked: the call has mask options (AttnParams::has_masks, no dense bias / mask);
+// the causal mask is then part of the MaskView, and kCausal only orders the tiles.
+template <class Tr, bool kCausal, bool kOverlap, bool kPingpong, bool kPersistent = false, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const __grid_constant__ FwdParams params) {
+  static_assert(!(kMasked && kPersistent), "masked kernels run on the (query tiles, heads, batch) grid");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const FwdSmem<Tr> sm{(ptx::smem_addr(smem_raw) + 1023u) & ~1023u};
   const FwdArgs& args = params.args;
@@ -95,6 +112,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
     }
     hptx::mbar_init_fence();
   }
+  __shared__ MaskView mask_view;  // (masked only; otherwise unused, so not allocated)
+  __shared__ int mask_red[2];
+  FwdTile tile{};
+  if constexpr (!kPersistent) {
+    tile = fwd_tile_from_block<Tr, kCausal>(args);
+    if constexpr (kMasked) fwd_mask_tile<Tr>(tile, args, mask_view, mask_red);
+  }
   __syncthreads();
 
   typename FwdMainloop<Tr>::Pipe pipe;  // K / V ring position, carried across tiles
@@ -107,12 +131,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
       if constexpr (kPersistent) {
         uint32_t q_phase = 0;
         for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
-          const FwdTile tile = fwd_tile<Tr, kCausal>(args, idx);
-          FwdMainloop<Tr>::produce(&params.tm_q, &params.tm_k, &params.tm_v, sm, tile, tile.head / args.group,
-                                   pipe, (int)q_phase);
+          const FwdTile t = fwd_tile<Tr, kCausal>(args, idx);
+          FwdMainloop<Tr>::produce(&params.tm_q, &params.tm_k, &params.tm_v, sm, t, t.head / args.group, pipe,
+                                   (int)q_phase);
         }
-      } else {
-        const FwdTile tile = fwd_tile_from_block<Tr, kCausal>(args);
+      } else if (!tile.empty()) {
         FwdMainloop<Tr>::produce(&params.tm_q, &params.tm_k, &params.tm_v, sm, tile, tile.head / args.group, pipe);
       }
     }
@@ -125,15 +148,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
     if constexpr (kPersistent) {
       uint32_t q_phase = 0;
       for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
-        const FwdTile tile = fwd_tile<Tr, kCausal>(args, idx);
-        FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong>(o, softmax, sm, tile, args, wg, tid, pipe,
+        const FwdTile t = fwd_tile<Tr, kCausal>(args, idx);
+        FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong>(o, softmax, sm, t, args, wg, tid, pipe,
                                                                         q_phase);
-        FwdEpilogue<Tr>::store(o, softmax, &params.tm_o, sm, tile, args, wg, tid);
+        FwdEpilogue<Tr>::store(o, softmax, &params.tm_o, sm, t, args, wg, tid);
         if (tid == 0) hptx::mbar_arrive(sm.bar_q_empty());  // (store() waited for its TMA reads)
       }
     } else {
-      const FwdTile tile = fwd_tile_from_block<Tr, kCausal>(args);
-      FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong>(o, softmax, sm, tile, args, wg, tid, pipe, 0);
+      FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, kMasked>(o, softmax, sm, tile, args, wg, tid,
+                                                                               pipe, 0, &mask_view);
       FwdEpilogue<Tr>::store(o, softmax, &params.tm_o, sm, tile, args, wg, tid);
     }
   }

@@ -56,8 +56,12 @@ cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*k
   kp.args.seqlen_k = p.seqlen_k;
   kp.args.num_heads = p.num_heads;
   kp.args.group = p.num_heads / p.num_heads_k;
-  kp.args.scale = p.scale;
-  kp.args.scale_log2 = p.scale * static_cast<float>(M_LOG2E);
+  // With a soft cap the kernel scales and caps the logits itself; the softmax
+  // then works on them unscaled.
+  const float scale = p.softcap > 0.f ? 1.f : p.scale;
+  kp.args.scale = scale;
+  kp.args.scale_log2 = scale * static_cast<float>(M_LOG2E);
+  kp.args.attn = p;
 
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (e != cudaSuccess) return {e, name};
@@ -77,12 +81,20 @@ cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*k
   return {e, e == cudaSuccess ? "" : name};
 }
 
-// Launches the kernel instantiation (causal x schedule x grid) for a tile shape.
-template <class Tr, bool kOverlap, bool kPingpong, bool kPersistent>
+// Launches the kernel instantiation (causal x schedule x grid x masked) for a tile shape.
+template <class Tr, bool kOverlap, bool kPingpong, bool kPersistent, bool kMasked = false>
 cuda::LaunchStatus launch_schedule(const AttnParams& p, cudaStream_t stream) {
-  auto kernel = p.is_causal ? flash_fwd_sm90_kernel<Tr, true, kOverlap, kPingpong, kPersistent>
-                            : flash_fwd_sm90_kernel<Tr, false, kOverlap, kPingpong, kPersistent>;
+  auto kernel = p.is_causal ? flash_fwd_sm90_kernel<Tr, true, kOverlap, kPingpong, kPersistent, kMasked>
+                            : flash_fwd_sm90_kernel<Tr, false, kOverlap, kPingpong, kPersistent, kMasked>;
   return launch_fwd<Tr>(p, stream, kernel, kPersistent);
+}
+
+// Masked calls (window, lengths, segments, soft cap) run one schedule per head dim,
+// the unmasked default at T < 2048: overlap + pingpong at H 64 / 128, overlap at 256.
+template <int kHeadDim, typename Elem>
+cuda::LaunchStatus run_masked(const AttnParams& p, cudaStream_t stream) {
+  using Tr = FwdTraits<kHeadDim, Elem>;
+  return launch_schedule<Tr, true, kHeadDim <= 128, false, true>(p, stream);
 }
 
 // One of the explicit schedules (not kPersistent / kDefault) on the (query tiles,
@@ -119,6 +131,7 @@ cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdV
 
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant variant) {
+  if (p.has_masks()) return run_masked<kHeadDim, Elem>(p, stream);
   const FwdVariant best = default_variant(kHeadDim, p.is_causal, p.seqlen_q);
   if (variant == FwdVariant::kPersistent) return run_persistent<kHeadDim, Elem>(p, stream, best);
   return run_schedule<kHeadDim, Elem>(p, stream, variant == FwdVariant::kDefault ? best : variant);

@@ -22,6 +22,7 @@
 #include "sm90/fwd_smem.cuh"
 #include "sm90/fwd_softmax.cuh"
 #include "sm90/fwd_traits.cuh"
+#include "sm90/tile_mask.cuh"
 
 namespace jaxattn::sm90 {
 
@@ -53,9 +54,9 @@ struct FwdMainloop {
       hptx::tma_load_5d(sm.v(pipe.stage), tm_v, sm.bar_v_full(pipe.stage), 0, n * kBlockN, 0, kv_head, tile.batch);
       pipe.advance();
     };
-    int n = 0;
+    int n = tile.n_begin;
     if (q_empty_phase >= 0) {
-      for (; n < tile.n_blocks && n < Tr::kStages; ++n) load_kv(n);
+      for (; n < tile.n_blocks && n < tile.n_begin + Tr::kStages; ++n) load_kv(n);
       hptx::mbar_wait(sm.bar_q_empty(), (uint32_t)q_empty_phase ^ 1);
     }
     hptx::mbar_arrive_expect_tx(sm.bar_q(), Tr::kQBytes);
@@ -121,11 +122,12 @@ struct FwdMainloop {
   // ---- consumer: the whole key loop of one tile -------------------------------
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
   // pipe: the K / V ring position (carried from tile to tile); q_phase: parity of
-  // this tile's Q load.
-  template <bool kCausal, bool kOverlap, bool kPingpong>
+  // this tile's Q load. kMasked: the mask is `mask` (shared memory); an empty
+  // tile (no visible key) runs no block and leaves O = 0, lse = -inf.
+  template <bool kCausal, bool kOverlap, bool kPingpong, bool kMasked = false>
   __device__ static void consume(float (&o)[kORegs], OnlineSoftmax<kBlockN>& softmax, const FwdSmem<Tr>& sm,
                                  const FwdTile& tile, const FwdArgs& args, int wg, int tid, Pipe& pipe,
-                                 uint32_t q_phase) {
+                                 uint32_t q_phase, const MaskView* mask_view = nullptr) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int wg_row0 = tile.m_block * kBlockM + wg * 64;  // first query row of this warpgroup
     const int row0 = wg_row0 + warp * 16 + g;               // this thread's h = 0 row
@@ -136,17 +138,37 @@ struct FwdMainloop {
 #pragma unroll
     for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
     softmax.init();
+    if (kMasked && tile.empty()) return;
     float s[kSRegs];
     uint32_t p[kPRegs];
     float alpha[2];
 
+    // Masked: segment ids of this thread's rows (once), compared with the block's
+    // columns' by load_ids(n) before the S wgmma is waited for.
+    const bool segments = kMasked && mask_view->q_seg != nullptr;
+    int row_ids[2] = {0, 0};
+    SegmentBits<kMasked ? kSRegs : 4> seg;
+    if (segments) load_row_ids(row_ids, mask_view->q_seg, row0, mask_view->q_len);
+    auto load_ids = [&](int n) {
+      if constexpr (kMasked) {
+        if (segments) seg.load(row_ids, mask_view->kv_seg, n * kBlockN, t, mask_view->kv_len);
+      }
+    };
     // Masking is needed where the block has keys >= S, or (causal) keys past the
-    // first row of this warpgroup.
+    // first row of this warpgroup; masked kernels: the soft cap, then where the
+    // block may hide a pair of this warp's rows.
     auto needs_mask = [&](int n) {
       return (n + 1) * kBlockN > S || (kCausal && n * kBlockN + kBlockN - 1 > wg_row0);
     };
     auto mask = [&](int n) {
-      if (needs_mask(n)) apply_mask<kBlockN, kCausal>(s, n * kBlockN, row0, t, S);
+      if constexpr (kMasked) {
+        const MaskView& m = *mask_view;
+        if (args.attn.softcap > 0.f) softcap_tile(s, args.attn.scale, args.attn.softcap);
+        if (warp_needs_mask<true, 16>(m, wg_row0 + 16 * warp, n * kBlockN, segments, seg))
+          mask_tile<true>(s, m, row0, n * kBlockN, t, segments, seg);
+      } else {
+        if (needs_mask(n)) apply_mask<kBlockN, kCausal>(s, n * kBlockN, row0, t, S);
+      }
     };
 
     hptx::mbar_wait(sm.bar_q(), q_phase);
@@ -154,13 +176,14 @@ struct FwdMainloop {
     if (kPingpong && wg == 1) hptx::named_bar_arrive(3, 256);
 
     if constexpr (!kOverlap) {
-      for (int n = 0; n < tile.n_blocks; ++n) {
+      for (int n = tile.n_begin; n < tile.n_blocks; ++n) {
         hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
         turn_begin<kPingpong>(wg);
         hptx::wgmma_fence();
         issue_qk(s, q_rows, sm.k(pipe.stage));
         hptx::wgmma_commit();
         turn_end<kPingpong>(wg);
+        load_ids(n);
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(s);
         release(sm.bar_k_empty(pipe.stage), lane);
@@ -180,22 +203,23 @@ struct FwdMainloop {
         pipe.advance();
       }
     } else {
-      // Block 0: S, softmax, P.
+      // First block: S, softmax, P.
       hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
       turn_begin<kPingpong>(wg);
       hptx::wgmma_fence();
       issue_qk(s, q_rows, sm.k(pipe.stage));
       hptx::wgmma_commit();
       turn_end<kPingpong>(wg);
+      load_ids(tile.n_begin);
       hptx::wgmma_wait<0>();
       hptx::reg_fence_array(s);
       release(sm.bar_k_empty(pipe.stage), lane);
-      mask(0);
+      mask(tile.n_begin);
       softmax.step(s, sl2, alpha);
       convert_p(s, p);
       Pipe prev = pipe;
       pipe.advance();
-      for (int n = 1; n < tile.n_blocks; ++n) {
+      for (int n = tile.n_begin + 1; n < tile.n_blocks; ++n) {
         hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
         turn_begin<kPingpong>(wg);
         hptx::wgmma_fence();
@@ -206,6 +230,7 @@ struct FwdMainloop {
         issue_pv(o, p, sm.v(prev.stage));
         hptx::wgmma_commit();
         turn_end<kPingpong>(wg);
+        load_ids(n);
         hptx::wgmma_wait<1>();  // S(n) done, PV(n-1) may still run
         hptx::reg_fence_array(s);
         release(sm.bar_k_empty(pipe.stage), lane);

@@ -39,7 +39,9 @@ struct PipeState {
 // One unit of work: a kBlockM-row query tile of one (batch, head), and its key range.
 struct FwdTile {
   int m_block, head, batch;
-  int n_blocks;  // key blocks 0 .. n_blocks-1 are visible to some row of the tile
+  int n_blocks;     // key blocks n_begin .. n_blocks-1 are visible to some row of the tile
+  int n_begin = 0;  // (masked kernels: > 0 with a window or segments; empty when n_begin >= n_blocks)
+  __device__ __forceinline__ bool empty() const { return n_begin >= n_blocks; }
 };
 
 }  // namespace jaxattn::sm90

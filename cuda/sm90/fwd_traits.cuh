@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "common/params.h"
+
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; every tile is 128B-swizzled and
@@ -54,8 +56,12 @@ struct FwdArgs {
   float* lse;        // [B, T, N]
   int seqlen_q, seqlen_k, num_heads, group;  // group = N / K
   int batch;                                 // (the persistent grid's tile count)
-  float scale;       // logits scale
-  float scale_log2;  // scale * log2(e)
+  float scale;       // factor of the raw row max in lse: the logits scale (1 with a soft cap,
+                     // whose logits are already scaled)
+  float scale_log2;  // scale * log2(e): the softmax's exponent factor
+  // The call itself (masked instantiations read their options from it: MaskView::of,
+  // scale, softcap).
+  AttnParams attn;
 };
 
 }  // namespace jaxattn::sm90

@@ -37,6 +37,7 @@ bool sm90_fwd_supports(const AttnParams& p, int cc_major, int cc_minor) {
   if (p.num_heads_k <= 0 || p.num_heads <= 0 || p.num_heads % p.num_heads_k != 0) return false;
   if (p.batch < 0 || p.batch > 65535 || p.num_heads > 65535) return false;
   if (p.seqlen_q < 0 || p.seqlen_k < 1) return false;
+  if (p.bias || p.mask) return false;  // dense bias / mask: the portable kernels
   if (p.batch == 0 || p.seqlen_q == 0) return true;  // nothing to launch
   if (!p.lse || !p.o) return false;
   using sm90::tmap_bshd_ok;

@@ -1,0 +1,138 @@
+// Masks of the Hopper kernels (windows, lengths, segment ids, soft cap; the
+// dense bias / mask stay on the portable kernels): the key / query block range
+// of a CTA, and the per-element mask of a wgmma accumulator tile. What is
+// visible is decided by common/mask.cuh (MaskView); this file only maps the
+// accumulator fragments to (query, key) coordinates.
+//
+// Fragment layout of an m64nN wgmma accumulator (per warpgroup): thread
+// (warp w, lane = 4 g + t) holds rows 16 w + g (h = 0) and 16 w + g + 8 (h = 1),
+// and per row the columns 8 j + 2 t + e (e = 0, 1): element acc[4 j + 2 h + e].
+// The forward's tiles are (query rows) x (keys); the backward's S^T tiles are
+// (keys) x (query columns).
+#pragma once
+
+#include <cstdint>
+
+#include "common/mask.cuh"
+
+namespace jaxattn::sm90 {
+
+using cuda::MaskView;
+
+// The blocks [first, end) of size kBlock of the range [lo, hi) ((0, 0) stays empty).
+template <int kBlock>
+__device__ __forceinline__ int2 blocks_of(int2 r) {
+  return r.y > r.x ? make_int2(r.x / kBlock, (r.y + kBlock - 1) / kBlock) : make_int2(0, 0);
+}
+
+// Key blocks of size kBlockN that query rows [m0, m0 + kBlockM) of a CTA may
+// see; with segment ids, only keys whose ids fall in the rows' id range. Every
+// thread of the CTA calls it (block-wide scans; red: 2 ints of shared memory).
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int2 cta_key_blocks(const MaskView& m, int m0, int* red) {
+  int2 keys = m.key_range(m0, m0 + kBlockM);
+  if (m.q_seg != nullptr) {
+    const int2 ids = cuda::cta_id_range(m.q_seg, m0, min(m0 + kBlockM, m.q_len), red);
+    keys = cuda::cta_id_span(m.kv_seg, keys.x, keys.y, ids.x, ids.y, red);
+  }
+  return blocks_of<kBlockN>(keys);
+}
+
+// Query blocks of size kBlockM that keys [n0, n0 + kBlockN) of a CTA may be
+// seen by (the backward's range; same contract as cta_key_blocks).
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int2 cta_query_blocks(const MaskView& m, int n0, int* red) {
+  int2 rows = m.query_range(n0, n0 + kBlockN);
+  if (m.q_seg != nullptr) {
+    const int2 ids = cuda::cta_id_range(m.kv_seg, n0, min(n0 + kBlockN, m.kv_len), red);
+    rows = cuda::cta_id_span(m.q_seg, rows.x, rows.y, ids.x, ids.y, red);
+  }
+  return blocks_of<kBlockM>(rows);
+}
+
+// Which of a thread's accumulator elements pair equal segment ids: bit i of
+// the kRegs-element tile is acc[i] = (row h, column 8 j + 2 t + e), i = 4 j + 2 h + e.
+// load() reads the ids of the columns from col0 (-1 past `limit`) and compares
+// them with the rows' ids at once: called before the wgmma wait, its loads'
+// latency hides behind the tensor cores, and only the bits stay in registers.
+template <int kRegs>
+struct SegmentBits {
+  uint32_t bits[(kRegs + 31) / 32];
+
+  __device__ __forceinline__ void load(const int (&row_ids)[2], const int32_t* seg, int col0, int t, int limit) {
+#pragma unroll
+    for (int w = 0; w < (kRegs + 31) / 32; ++w) bits[w] = 0;
+#pragma unroll
+    for (int j = 0; j < kRegs / 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = col0 + 8 * j + 2 * t + e;
+        const int id = c < limit ? __ldg(seg + c) : -1;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * j + 2 * h + e;
+          if (row_ids[h] == id) bits[i / 32] |= 1u << (i % 32);
+        }
+      }
+  }
+  __device__ __forceinline__ bool same(int i) const { return (bits[i / 32] >> (i % 32)) & 1u; }
+};
+
+// The ids of this thread's two accumulator rows (row0 and row0 + 8), -1 past `limit`.
+__device__ __forceinline__ void load_row_ids(int (&ids)[2], const int32_t* seg, int row0, int limit) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) ids[h] = row0 + 8 * h < limit ? __ldg(seg + row0 + 8 * h) : -1;
+}
+
+// Soft cap of a raw accumulator tile: x <- cap * tanh(scale * x / cap).
+template <int kRegs>
+__device__ __forceinline__ void softcap_tile(float (&acc)[kRegs], float scale, float cap) {
+  const float inv_cap = 1.f / cap;
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) acc[i] = cuda::softcap_forward(acc[i] * scale, cap, inv_cap);
+}
+
+// Sets to -inf the elements whose (query, key) pair the mask hides. kRowsAreQueries:
+// the forward's layout (rows = queries at row0 + 8 h, columns = keys from col0);
+// otherwise the backward's transposed S^T (rows = keys, columns = queries).
+// seg: the elements' segment-id matches (used only when `segments`).
+template <bool kRowsAreQueries, int kRegs>
+__device__ __forceinline__ void mask_tile(float (&acc)[kRegs], const MaskView& m, int row0, int col0, int t,
+                                          bool segments, const SegmentBits<kRegs>& seg) {
+  int2 cols[2];  // each row's visible columns [x, y]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) cols[h] = kRowsAreQueries ? m.keys_of_query(row0 + 8 * h) : m.queries_of_key(row0 + 8 * h);
+#pragma unroll
+  for (int j = 0; j < kRegs / 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 4 * j + 2 * h + e;
+        const int c = col0 + 8 * j + 2 * t + e;
+        bool ok = c >= cols[h].x && c <= cols[h].y;
+        if (segments) ok = ok && seg.same(i);
+        if (!ok) acc[i] = -INFINITY;
+      }
+}
+
+// Whether a warp's accumulator tile needs mask_tile (warp-uniform): the block may
+// cut rows [row_first, row_first + kRows) (MaskView::tile_partial; kRows = 16:
+// the warp's own rows, 64: its warpgroup's), or, with segment ids, some element of
+// the warp pairs different ids.
+template <bool kRowsAreQueries, int kRows, int kRegs>
+__device__ __forceinline__ bool warp_needs_mask(const MaskView& m, int row_first, int col0, bool segments,
+                                                const SegmentBits<kRegs>& seg) {
+  const int c1 = col0 + 2 * kRegs;  // (kRegs / 4 column groups of 8)
+  const bool partial = kRowsAreQueries ? m.tile_partial(row_first, row_first + kRows, col0, c1)
+                                       : m.tile_partial(col0, c1, row_first, row_first + kRows);
+  bool all_same = true;
+  if (segments) {
+#pragma unroll
+    for (int w = 0; w < (kRegs + 31) / 32; ++w)
+      all_same = all_same && seg.bits[w] == (kRegs - 32 * w >= 32 ? 0xffffffffu : (1u << (kRegs - 32 * w)) - 1u);
+  }
+  return __any_sync(0xffffffffu, partial || !all_same);
+}
+
+}  // namespace jaxattn::sm90
