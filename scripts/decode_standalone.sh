@@ -4,10 +4,15 @@
 # default), then: ptxas registers/spills per decode kernel, SASS health of
 # version 2 (LDGSTS = cp.async, HMMA = tensor cores, LDL/STL = local memory),
 # compute-sanitizer memcheck and racecheck on the quick cases (when the tool
-# exists), and the full check against float64 plus the bandwidth table. The
-# last lines printed are the results.
+# exists), and the full check against float64 (v1, v2 with the old and the new
+# loader) plus the bandwidth tables: the issue-9 rows (paged, page 64,
+# B=16/32/64 x L=4K/16K/64K) for v1 and both v2 loaders, the same bytes
+# through an identity page table and as a contiguous cache, a loader ablation,
+# and last the short old-vs-new table of the paged bar. The last lines printed
+# are the results (~60-90 s on an H200).
 #
-# Usage: scripts/decode_standalone.sh [args for decode_check]
+# Usage: scripts/decode_standalone.sh [args for decode_check: --bench-only,
+#        --no-bench, --quick]
 # Env: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc), BUILD
 #      (default build/decode_standalone), ARCH (90), SANITIZE (1). With $OUT
 #      set, the logs are copied there.
