@@ -44,14 +44,16 @@ cat "$BUILD"/launch_decode*.o.log | grep -E "Compiling entry|Used [0-9]+ registe
   sed -E 's/.*entry function .(_Z[^ ]*). for.*/\1/; s/ptxas info *: //' | paste - - - | c++filt |
   sed -E 's/jaxattn::cuda::decode:://g; s/\(jaxattn::AttnParams, DecodePlan\)//; s/, used [0-9]+ barriers//' | sort -u
 
-echo "== SASS of decode_mma_kernel (version 2): per kernel LDGSTS HMMA LDSM LDL/STL"
+echo "== SASS of decode_mma_kernel (version 2): per kernel LDGSTS HMMA LDSM CCTL (L2 prefetch) LDL/STL"
 CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)}
 if [ -x "$CUOBJDUMP" ] || command -v "$CUOBJDUMP" >/dev/null; then
   "$CUOBJDUMP" -sass "$BUILD/launch_decode_v2.o" | awk '
     /Function :/ { name = $3 }
     name != "" && /LDGSTS/ { ldgsts[name]++ } name != "" && /HMMA/ { hmma[name]++ }
     name != "" && /LDSM/ { ldsm[name]++ } name != "" && /(LDL|STL)/ { local_[name]++ }
-    END { for (n in hmma) printf "%s LDGSTS %d HMMA %d LDSM %d LDL/STL %d\n", n, ldgsts[n], hmma[n], ldsm[n], local_[n] }' |
+    name != "" && /CCTL/ { cctl[name]++ }
+    END { for (n in hmma) printf "%s LDGSTS %d HMMA %d LDSM %d CCTL %d LDL/STL %d\n", n, ldgsts[n], hmma[n], ldsm[n],
+          cctl[n], local_[n] }' |
     c++filt | sed -E 's/jaxattn::cuda::decode:://g; s/\(jaxattn::AttnParams, DecodePlan\)//' | sort
 else
   echo "cuobjdump not found"

@@ -222,13 +222,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     }
   };
   const int prefetch = plan.prefetch;
-  if (paged && plan.touch) {
-    for (int t = tid; t < npages; t += kThreads) {
-      const int64_t page = pages_s[t];
-      ptx::prefetch_l2(kcache + page * p.k_batch_stride);
-      ptx::prefetch_l2(vcache + page * p.v_batch_stride);
-    }
-  }
 
   // Per lane: rows g and g + 8 of the tile (h = 0, 1), keys 2t, 2t+1 of
   // each n8 tile of the warp's 16 keys.
@@ -262,6 +255,15 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   // Tiles kStages - 1 .. kStages - 2 + prefetch into L2; later, each loop step
   // prefetches the tile `prefetch` beyond the one it loads (each tile once).
   for (int t = kStages - 1; t < min(num_tiles, kStages - 1 + prefetch); ++t) prefetch_tile(t);
+  // plan.touch: the first line of every page of the chunk (after the first
+  // copies, so they are not delayed).
+  if (paged && plan.touch) {
+    for (int t = tid; t < npages; t += kThreads) {
+      const int64_t page = pages_s[t];
+      ptx::prefetch_l2(kcache + page * p.k_batch_stride);
+      ptx::prefetch_l2(vcache + page * p.v_batch_stride);
+    }
+  }
   for (int tile = 0; tile < num_tiles; ++tile) {
     ptx::cp_async_wait<kStages - 2>();
     __syncthreads();  // tile `tile` is in; every warp is done with tile - 1
