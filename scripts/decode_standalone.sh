@@ -4,10 +4,15 @@
 # default), then: ptxas registers/spills per decode kernel, SASS health of
 # version 2 (LDGSTS = cp.async, HMMA = tensor cores, LDL/STL = local memory),
 # compute-sanitizer memcheck and racecheck on the quick cases (when the tool
-# exists), and the full check against float64 plus the bandwidth table. The
-# last lines printed are the results.
+# exists), and the full check against float64 (v1, v2 with the old and the new
+# loader) plus the bandwidth tables: the issue-9 rows (paged, page 64,
+# B=16/32/64 x L=4K/16K/64K) for v1 and both v2 loaders, the same bytes
+# through an identity page table and as a contiguous cache, a loader ablation,
+# and last the short old-vs-new table of the paged bar. The last lines printed
+# are the results (~60-90 s on an H200).
 #
-# Usage: scripts/decode_standalone.sh [args for decode_check]
+# Usage: scripts/decode_standalone.sh [args for decode_check: --bench-only,
+#        --no-bench, --quick]
 # Env: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc), BUILD
 #      (default build/decode_standalone), ARCH (90), SANITIZE (1). With $OUT
 #      set, the logs are copied there.
@@ -39,14 +44,16 @@ cat "$BUILD"/launch_decode*.o.log | grep -E "Compiling entry|Used [0-9]+ registe
   sed -E 's/.*entry function .(_Z[^ ]*). for.*/\1/; s/ptxas info *: //' | paste - - - | c++filt |
   sed -E 's/jaxattn::cuda::decode:://g; s/\(jaxattn::AttnParams, DecodePlan\)//; s/, used [0-9]+ barriers//' | sort -u
 
-echo "== SASS of decode_mma_kernel (version 2): per kernel LDGSTS HMMA LDSM LDL/STL"
+echo "== SASS of decode_mma_kernel (version 2): per kernel LDGSTS HMMA LDSM CCTL (L2 prefetch) LDL/STL"
 CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)}
 if [ -x "$CUOBJDUMP" ] || command -v "$CUOBJDUMP" >/dev/null; then
   "$CUOBJDUMP" -sass "$BUILD/launch_decode_v2.o" | awk '
     /Function :/ { name = $3 }
     name != "" && /LDGSTS/ { ldgsts[name]++ } name != "" && /HMMA/ { hmma[name]++ }
     name != "" && /LDSM/ { ldsm[name]++ } name != "" && /(LDL|STL)/ { local_[name]++ }
-    END { for (n in hmma) printf "%s LDGSTS %d HMMA %d LDSM %d LDL/STL %d\n", n, ldgsts[n], hmma[n], ldsm[n], local_[n] }' |
+    name != "" && /CCTL/ { cctl[name]++ }
+    END { for (n in hmma) printf "%s LDGSTS %d HMMA %d LDSM %d CCTL %d LDL/STL %d\n", n, ldgsts[n], hmma[n], ldsm[n],
+          cctl[n], local_[n] }' |
     c++filt | sed -E 's/jaxattn::cuda::decode:://g; s/\(jaxattn::AttnParams, DecodePlan\)//' | sort
 else
   echo "cuobjdump not found"

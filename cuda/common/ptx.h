@@ -56,6 +56,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, boo
                "r"(src_bytes));
 }
 
+// Fetches the 128-byte line holding `gmem` into L2 (no register written,
+// nothing to wait for).
+__device__ __forceinline__ void prefetch_l2(const void* gmem) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem));
+}
+
 // Closes the current group of cp.async copies.
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);

@@ -11,8 +11,11 @@
 // Loads: tiles of kBlockN keys (K and V) stream through a kStages-deep
 // shared-memory ring with 16-byte cp.async copies; every thread copies fixed
 // 16-byte columns of fixed tile rows. The page ids of the chunk are read once
-// into shared memory before the loop, so the loader does one shared-memory
-// lookup per key row and no global dependent load (page lookups hoisted).
+// into shared memory before the loop (no global dependent load in the loop).
+// Two loaders (plan.hoist, plan.prefetch; kV2* in launch_decode.h): the
+// session-3 one divides and reads a page id per key row; the issue-9 one reads
+// a tile's (at most two) page ids once per tile, and prefetches the tiles
+// plan.prefetch beyond the ring's newest one into L2.
 //
 // Compute: warp w takes keys [16 w, 16 w + 16) of each tile. S = Q K^T with
 // mma.sync m16n8k16 (Q from shared memory, K via ldmatrix), an online softmax
@@ -102,9 +105,11 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
 
   // Page ids of the chunk (clamped), and the query rows (zero past the last).
   const bool paged = p.block_table != nullptr;
-  const int page0 = paged ? j_begin / p.page_size : 0;
+  const int ps = p.page_size;
+  const int page0 = paged ? j_begin / ps : 0;
+  int npages = 0;
   if (paged && j_begin < j_end) {
-    const int npages = (j_end - 1) / p.page_size - page0 + 1;
+    npages = (j_end - 1) / ps - page0 + 1;
     for (int t = tid; t < npages; t += kThreads) {
       const int32_t id = p.block_table[int64_t(b) * p.max_pages + page0 + t];
       pages_s[t] = min(max(id, 0), p.num_pages - 1);
@@ -125,34 +130,98 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   // The loader: thread tid copies column chunk tid % kChunksPerRow of tile
   // rows tid / kChunksPerRow + k * kRowsPerPass. Rows past j_end are zero-filled.
   const int ld_row = tid / L::kChunksPerRow, ld_col = (tid % L::kChunksPerRow) * 8;
-  const Elem* kbase = static_cast<const Elem*>(p.k) + kh * p.k_head_stride + ld_col;
-  const Elem* vbase = static_cast<const Elem*>(p.v) + kh * p.v_head_stride + ld_col;
+  const Elem* kcache = static_cast<const Elem*>(p.k) + kh * p.k_head_stride;
+  const Elem* vcache = static_cast<const Elem*>(p.v) + kh * p.v_head_stride;
+  const Elem* kbase = kcache + ld_col;
+  const Elem* vbase = vcache + ld_col;
   const uint32_t ring_addr = ptx::smem_addr(ring) + (ld_row * kPitch + ld_col) * 2;
+  // Element offsets of key j's K and V rows: per key row, a division and a
+  // shared-memory read of its page id (the session-3 loader; any page size).
+  auto row_offsets = [&](int j, int64_t& ko, int64_t& vo) {
+    if (paged) {
+      const int rel = j / ps;
+      const int64_t page = pages_s[rel - page0];
+      const int in_page = j - rel * ps;
+      ko = page * p.k_batch_stride + in_page * p.k_row_stride;
+      vo = page * p.v_batch_stride + in_page * p.v_row_stride;
+    } else {
+      ko = b * p.k_batch_stride + int64_t(j) * p.k_row_stride;
+      vo = b * p.v_batch_stride + int64_t(j) * p.v_row_stride;
+    }
+  };
+  // Hoisted page lookups (pages of >= one tile): the keys [jt, jt + kBlockN)
+  // of a tile lie in two pages at most, page A (keys from jt) and page B (the
+  // next); key jt + r sits at in = off + r of page A, or in - ps of page B.
+  // Per tile: one division and two shared-memory reads; per row: a compare
+  // and a multiply-add. ka/va: page A's base, kb/vb: page B's base minus ps rows.
+  const bool hoist = paged && plan.hoist && ps >= kBlockN;
+  auto tile_pages = [&](int jt, int& off, int64_t& ka, int64_t& va, int64_t& kb, int64_t& vb) {
+    const int rel = jt / ps;
+    off = jt - rel * ps;
+    const int t = rel - page0;
+    const int64_t pa = pages_s[t], pb = pages_s[min(t + 1, npages - 1)];
+    ka = pa * p.k_batch_stride;
+    va = pa * p.v_batch_stride;
+    kb = pb * p.k_batch_stride - int64_t(ps) * p.k_row_stride;
+    vb = pb * p.v_batch_stride - int64_t(ps) * p.v_row_stride;
+  };
   auto load_tile = [&](int tile) {
     const int stage = tile % kStages;
     const uint32_t dst = ring_addr + stage * 2 * L::kTileElems * 2;
+    const int jt = j_begin + tile * kBlockN;
+    int off = 0;
+    int64_t ka = 0, va = 0, kb = 0, vb = 0;
+    if (hoist) tile_pages(jt, off, ka, va, kb, vb);
 #pragma unroll
     for (int k = 0; k < L::kPasses; ++k) {
-      const int j = j_begin + tile * kBlockN + ld_row + k * L::kRowsPerPass;
+      const int r = ld_row + k * L::kRowsPerPass;
+      const int j = jt + r;
       const bool valid = j < j_end;
       int64_t ko = 0, vo = 0;
       if (valid) {
-        if (paged) {
-          const int rel = j / p.page_size;
-          const int64_t page = pages_s[rel - page0];
-          const int in_page = j - rel * p.page_size;
-          ko = page * p.k_batch_stride + in_page * p.k_row_stride;
-          vo = page * p.v_batch_stride + in_page * p.v_row_stride;
+        if (hoist) {
+          const int in = off + r;
+          const bool in_a = in < ps;
+          ko = (in_a ? ka : kb) + int64_t(in) * p.k_row_stride;
+          vo = (in_a ? va : vb) + int64_t(in) * p.v_row_stride;
         } else {
-          ko = b * p.k_batch_stride + int64_t(j) * p.k_row_stride;
-          vo = b * p.v_batch_stride + int64_t(j) * p.v_row_stride;
+          row_offsets(j, ko, vo);
         }
       }
-      const uint32_t off = k * L::kRowsPerPass * kPitch * 2;
-      ptx::cp_async_16(dst + off, kbase + ko, valid);
-      ptx::cp_async_16(dst + L::kTileElems * 2 + off, vbase + vo, valid);
+      const uint32_t off_s = k * L::kRowsPerPass * kPitch * 2;
+      ptx::cp_async_16(dst + off_s, kbase + ko, valid);
+      ptx::cp_async_16(dst + L::kTileElems * 2 + off_s, vbase + vo, valid);
     }
   };
+  // L2 prefetch of a tile (plan.prefetch > 0): every 128-byte line of its K
+  // and V rows, one prefetch.global.L2 each, spread over the threads.
+  constexpr int kLines = H * 2 / 128;
+  auto prefetch_tile = [&](int tile) {
+    const int jt = j_begin + tile * kBlockN;
+    int off = 0;
+    int64_t ka = 0, va = 0, kb = 0, vb = 0;
+    if (hoist) tile_pages(jt, off, ka, va, kb, vb);
+#pragma unroll
+    for (int i = 0; i < (kBlockN * kLines + kThreads - 1) / kThreads; ++i) {
+      const int c = tid + i * kThreads;
+      const int r = c / kLines, line = c % kLines;
+      const int j = jt + r;
+      if (c < kBlockN * kLines && j < j_end) {
+        int64_t ko, vo;
+        if (hoist) {
+          const int in = off + r;
+          const bool in_a = in < ps;
+          ko = (in_a ? ka : kb) + int64_t(in) * p.k_row_stride;
+          vo = (in_a ? va : vb) + int64_t(in) * p.v_row_stride;
+        } else {
+          row_offsets(j, ko, vo);
+        }
+        ptx::prefetch_l2(kcache + ko + line * 64);
+        ptx::prefetch_l2(vcache + vo + line * 64);
+      }
+    }
+  };
+  const int prefetch = plan.prefetch;
 
   // Per lane: rows g and g + 8 of the tile (h = 0, 1), keys 2t, 2t+1 of
   // each n8 tile of the warp's 16 keys.
@@ -183,11 +252,24 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     if (s < num_tiles) load_tile(s);
     ptx::cp_async_commit();
   }
+  // Tiles kStages - 1 .. kStages - 2 + prefetch into L2; later, each loop step
+  // prefetches the tile `prefetch` beyond the one it loads (each tile once).
+  for (int t = kStages - 1; t < min(num_tiles, kStages - 1 + prefetch); ++t) prefetch_tile(t);
+  // plan.touch: the first line of every page of the chunk (after the first
+  // copies, so they are not delayed).
+  if (paged && plan.touch) {
+    for (int t = tid; t < npages; t += kThreads) {
+      const int64_t page = pages_s[t];
+      ptx::prefetch_l2(kcache + page * p.k_batch_stride);
+      ptx::prefetch_l2(vcache + page * p.v_batch_stride);
+    }
+  }
   for (int tile = 0; tile < num_tiles; ++tile) {
     ptx::cp_async_wait<kStages - 2>();
     __syncthreads();  // tile `tile` is in; every warp is done with tile - 1
     if (tile + kStages - 1 < num_tiles) load_tile(tile + kStages - 1);
     ptx::cp_async_commit();
+    if (prefetch > 0 && tile + kStages - 1 + prefetch < num_tiles) prefetch_tile(tile + kStages - 1 + prefetch);
     const uint32_t stage_off = (tile % kStages) * 2 * L::kTileElems * 2;
 
     float s_acc[1][2][4];

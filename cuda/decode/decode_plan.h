@@ -26,6 +26,12 @@ struct DecodePlan {
   // multiple of 64 keys (at most `chunk`), so short rows of a ragged batch
   // are not left with empty chunks; false: chunks of exactly `chunk` keys.
   bool adaptive;
+  // Version 2 loader (issue 9; kV2* in launch_decode.h): page ids looked up
+  // once per tile instead of once per key row (pages of >= one tile), and
+  // `prefetch` tiles beyond the ring's newest one prefetched into L2 (0: off).
+  bool hoist;
+  bool touch;  // one L2 prefetch per page of the chunk before the loop
+  int prefetch;
 };
 
 inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }

@@ -37,8 +37,31 @@ int decode_max_splits(int capacity, int forced_chunk = 0);
 // Enqueues on `stream` only (CUDA-graph safe).
 LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version = 1, int forced_chunk = 0);
 
-// The two versions (decode_fwd dispatches; same contract).
+// Loader variants of version 2 (bits; decode_check measures them side by
+// side). kV2Hoist: a tile's page ids are read once per tile (two shared-memory
+// reads) instead of a division and a shared-memory read per key row, for pages
+// of at least one tile. Bits 4-7: tiles beyond the ring's newest load that are
+// prefetched into L2 (prefetch.global.L2), so more bytes are in flight per SM
+// than the shared-memory ring holds and a new page's address translation is
+// taken ahead of its copies. kV2Old: the session-3 loader; kV2New: both.
+constexpr int kV2Hoist = 1;
+// kV2Touch: before the loop, one L2 prefetch per page of the chunk (its first
+// K and V row of this head), so every page's address translation starts at
+// once instead of one page per tile (a probe of the TLB hypothesis; not in kV2New).
+constexpr int kV2Touch = 2;
+constexpr int kV2PrefetchShift = 4;
+constexpr int kV2Old = 0;
+constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
+// What decode_fwd(version 2) runs. Old until the H200 run of
+// scripts/decode_standalone.sh says the new loader is faster (DECODE_NOTES.md).
+#ifndef JAXATTN_DECODE_V2_VARIANT
+#define JAXATTN_DECODE_V2_VARIANT kV2Old
+#endif
+constexpr int kDecodeV2DefaultVariant = JAXATTN_DECODE_V2_VARIANT;
+
+// The two versions (decode_fwd dispatches; same contract). `variant`: kV2* bits.
 LaunchStatus decode_fwd_v1(const AttnParams& p, cudaStream_t stream, int forced_chunk);
-LaunchStatus decode_fwd_v2(const AttnParams& p, cudaStream_t stream, int forced_chunk);
+LaunchStatus decode_fwd_v2(const AttnParams& p, cudaStream_t stream, int forced_chunk,
+                           int variant = kDecodeV2DefaultVariant);
 
 }  // namespace jaxattn::cuda

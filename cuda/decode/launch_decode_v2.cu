@@ -50,9 +50,13 @@ int resident_ctas(cudaError_t* err) {
 // CTAs per SM): s0 = the fewest splits giving >= 1.9 waves, then among
 // [s0, 2 s0] the count whose last wave is the fullest (the fewest on a tie:
 // one split needs no combine kernel); chunks of kMinChunk..kMaxChunk keys,
-// at most the workspace's splits. A forced chunk overrides.
-DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk) {
+// at most the workspace's splits. A forced chunk overrides. `variant`: the
+// loader (kV2* bits), whatever the cache.
+DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant) {
   DecodePlan plan{};
+  plan.hoist = (variant & kV2Hoist) != 0;
+  plan.touch = (variant & kV2Touch) != 0;
+  plan.prefetch = (variant >> kV2PrefetchShift) & 15;
   plan.rows = p.seqlen_q * (p.num_heads / p.num_heads_k);
   plan.row_blocks = ceil_div(plan.rows, kRowsPerCta);
   const int64_t span = decode::key_span(p);
@@ -85,13 +89,13 @@ DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk) {
 }
 
 template <int H, bool kBf16>
-LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk) {
+LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, int variant) {
   using L = decode::MmaLayout<H>;
   cudaError_t err = cudaSuccess;
   const int per_sm = resident_ctas<H, kBf16>(&err);
   if (err != cudaSuccess) return {err, "decode_mma_kernel (shared-memory attribute)"};
   if (per_sm < 0) return decode_fwd_v1(p, stream, forced_chunk);  // too little shared memory here
-  const DecodePlan plan = plan_v2(p, decode::device_sms() * per_sm, forced_chunk);
+  const DecodePlan plan = plan_v2(p, decode::device_sms() * per_sm, forced_chunk, variant);
   if (plan.splits > std::max(p.num_splits, 1) || (plan.splits > 1 && p.split_o == nullptr))
     return {cudaErrorInvalidValue, "decode_fwd (workspace too small for the row capacity)"};
   if (p.batch > 65535 || p.num_heads_k > 65535) return {cudaErrorInvalidValue, "decode_fwd (grid too large)"};
@@ -103,19 +107,19 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk) 
 }
 
 template <bool kBf16>
-LaunchStatus launch_head_dim(const AttnParams& p, cudaStream_t stream, int forced_chunk) {
+LaunchStatus launch_head_dim(const AttnParams& p, cudaStream_t stream, int forced_chunk, int variant) {
   switch (p.head_dim) {
-    case 64: return launch<64, kBf16>(p, stream, forced_chunk);
-    case 128: return launch<128, kBf16>(p, stream, forced_chunk);
-    default: return launch<256, kBf16>(p, stream, forced_chunk);
+    case 64: return launch<64, kBf16>(p, stream, forced_chunk, variant);
+    case 128: return launch<128, kBf16>(p, stream, forced_chunk, variant);
+    default: return launch<256, kBf16>(p, stream, forced_chunk, variant);
   }
 }
 
 }  // namespace
 
-LaunchStatus decode_fwd_v2(const AttnParams& p, cudaStream_t stream, int forced_chunk) {
-  return p.dtype == DType::kBF16 ? launch_head_dim<true>(p, stream, forced_chunk)
-                                 : launch_head_dim<false>(p, stream, forced_chunk);
+LaunchStatus decode_fwd_v2(const AttnParams& p, cudaStream_t stream, int forced_chunk, int variant) {
+  return p.dtype == DType::kBF16 ? launch_head_dim<true>(p, stream, forced_chunk, variant)
+                                 : launch_head_dim<false>(p, stream, forced_chunk, variant);
 }
 
 }  // namespace jaxattn::cuda

@@ -10,7 +10,15 @@
 // Tq=1, every row full): GB/s of K, V, Q, O and the fraction of the read
 // bandwidth measured by a plain streaming-sum kernel, timed with CUDA events.
 //
-// Usage: decode_check [--quick] [--no-bench] [--no-check]
+// Kernels compared: v1, v2 with the session-3 loader ("v2old", kV2Old) and v2
+// with the issue-9 loader ("v2new", kV2New: per-tile page lookups + L2
+// prefetch ahead of the ring); decode_fwd(version 2) runs kDecodeV2DefaultVariant.
+// The bench also times v2 on the same bytes seen through an identity page
+// table and as a contiguous cache (what paging itself costs), and a few loader
+// variants (which part of the new loader helps), then ends with the short
+// table of the issue-9 bar (paged, % of read bandwidth, old vs new).
+//
+// Usage: decode_check [--quick] [--no-bench] [--no-check] [--bench-only]
 //   --quick: a few small cases, no benchmark (for compute-sanitizer).
 #include <cuda_runtime.h>
 
@@ -115,9 +123,33 @@ static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int nu
   return call;
 }
 
+// Kernel ids of this checker: 1 = v1, 2 = v2 old loader, 3 = v2 new loader,
+// 4 = v2 as decode_fwd(version 2) runs it (the default variant), 5 = v2 with
+// every loader bit (hoist, touch, 8 tiles of L2 prefetch).
+static const char* kernel_name(int kernel) {
+  switch (kernel) {
+    case 1: return "v1";
+    case 2: return "v2old";
+    case 3: return "v2new";
+    case 5: return "v2all";
+    default: return "v2";
+  }
+}
+
+static jaxattn::cuda::LaunchStatus run_kernel(const AttnParams& p, int kernel, int chunk, int variant = -1) {
+  if (variant >= 0) return jc::decode_fwd_v2(p, nullptr, chunk, variant);
+  switch (kernel) {
+    case 1: return jc::decode_fwd(p, nullptr, 1, chunk);
+    case 2: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Old);
+    case 3: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2New);
+    case 5: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Hoist | jc::kV2Touch | (8 << jc::kV2PrefetchShift));
+    default: return jc::decode_fwd(p, nullptr, 2, chunk);
+  }
+}
+
 // Max abs error of o against the float64 reference; -1 when a row's
 // emptiness (lse -inf, o 0) or a NaN disagrees.
-static double check_case(const DecodeCase& c, int version, uint64_t seed, double* lse_err) {
+static double check_case(const DecodeCase& c, int kernel, uint64_t seed, double* lse_err) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   const int G = c.N / c.K, H = c.H, ps = c.page_size;
@@ -163,7 +195,7 @@ static double check_case(const DecodeCase& c, int version, uint64_t seed, double
     call.p.block_table = call.table;
   }
   call.poison();
-  check_launch(jc::decode_fwd(call.p, nullptr, version, c.chunk));
+  check_launch(run_kernel(call.p, kernel, c.chunk));
   CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> ob(call.o_count);
   std::vector<float> lse(call.lse_count);
@@ -255,9 +287,57 @@ static double read_bandwidth() {
   return bytes / (best * 1e-3);
 }
 
+// GB/s of one kernel on one call: 3 warm-up calls (they also size the
+// repetitions: ~40 ms of timed calls, 10..200), then back-to-back calls timed
+// with CUDA events.
+static double time_call(const AttnParams& p, int kernel, int variant, double bytes) {
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  CUDA_CHECK(cudaEventRecord(e0));
+  for (int w = 0; w < 3; ++w) check_launch(run_kernel(p, kernel, 0, variant));
+  CUDA_CHECK(cudaEventRecord(e1));
+  CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0.f;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  const int reps = std::min(200, std::max(10, int(40.f / std::max(ms / 3, 1e-3f))));
+  CUDA_CHECK(cudaEventRecord(e0));
+  for (int r = 0; r < reps; ++r) check_launch(run_kernel(p, kernel, 0, variant));
+  CUDA_CHECK(cudaEventRecord(e1));
+  CUDA_CHECK(cudaEventSynchronize(e1));
+  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return bytes / (ms * 1e-3 / reps) / 1e9;
+}
+
+// The issue's rows (paged, page size 64, N=32 K=8 H=128 bf16 Tq=1, every row
+// full). One K and one V buffer per (B, L) hold B * L / 64 pages; the same
+// bytes are timed through a shuffled page table (the bar), an identity table
+// (pages in order: paging without scattered pages) and as a contiguous cache
+// [B, L, K, H] (no page table at all).
 static void bench(double peak) {
-  const int N = 32, K = 8, H = 128, ps = 64, reps = 20;
-  std::printf("\n| B | L | v1 GB/s (of read bw) | v2 GB/s (of read bw) | v2 / v1 |\n|---|---|---|---|---|\n");
+  const int N = 32, K = 8, H = 128, ps = 64;
+  struct Row { int B, L; double v1, old_s, new_s, old_i, new_i, old_c, new_c; };
+  std::vector<Row> rows;
+  auto pct = [&](double gbs) { return 100 * gbs * 1e9 / peak; };
+  std::printf("\nGB/s (%% of read bandwidth). shuf: shuffled page table (the bar); ident: identity page\n"
+              "table; contig: the same bytes as a contiguous cache. old/new: v2 loaders kV2Old/kV2New.\n");
+  std::printf("\n| B | L | v1 shuf | v2old shuf | v2new shuf | new/old | v2old ident | v2new ident | v2old contig | "
+              "v2new contig |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  // Loader ablation on two rows: which part of the new loader gains.
+  struct Abl { const char* name; int variant; };
+  const Abl abls[] = {{"old", jc::kV2Old},
+                      {"hoist", jc::kV2Hoist},
+                      {"prefetch1", 1 << jc::kV2PrefetchShift},
+                      {"prefetch2", 2 << jc::kV2PrefetchShift},
+                      {"hoist+prefetch1", jc::kV2Hoist | (1 << jc::kV2PrefetchShift)},
+                      {"hoist+prefetch2 (new)", jc::kV2Hoist | (2 << jc::kV2PrefetchShift)},
+                      {"hoist+prefetch4", jc::kV2Hoist | (4 << jc::kV2PrefetchShift)},
+                      {"hoist+prefetch8", jc::kV2Hoist | (8 << jc::kV2PrefetchShift)},
+                      {"touch", jc::kV2Touch},
+                      {"hoist+touch+prefetch2", jc::kV2New | jc::kV2Touch}};
+  std::vector<std::string> abl_lines;
   for (int B : {16, 32, 64}) {
     for (int L : {4096, 16384, 65536}) {
       DecodeCase c{B, 1, N, K, H, L, ps, true};
@@ -270,36 +350,55 @@ static void bench(double peak) {
       fill_random<<<1024, 256>>>(call.q, size_t(B) * N * H, 1u, true);
       fill_random<<<4096, 256>>>(call.k, cache, 2u, true);
       fill_random<<<4096, 256>>>(call.v, cache, 3u, true);
-      std::vector<int32_t> perm(num_pages), len(B, L);
-      for (int i = 0; i < num_pages; ++i) perm[i] = i;
+      std::vector<int32_t> perm(num_pages), ident(num_pages), len(B, L);
+      for (int i = 0; i < num_pages; ++i) perm[i] = ident[i] = i;
       std::shuffle(perm.begin(), perm.end(), std::mt19937_64(B * 7 + L));
       call.table = upload(perm);
+      int32_t* ident_d = upload(ident);
       call.lengths = upload(len);
       AttnParams& p = call.p;
       p.q = call.q, p.k = call.k, p.v = call.v, p.block_table = call.table, p.kv_lengths = call.lengths;
+      AttnParams pi = p;
+      pi.block_table = ident_d;
+      AttnParams pc = p;  // contiguous [B, L, K, H]: row b = pages b * max_pages ...
+      pc.block_table = nullptr;
+      pc.page_size = pc.max_pages = pc.num_pages = 0;
+      pc.k_batch_stride = pc.v_batch_stride = int64_t(L) * p.k_row_stride;
       const double bytes = (2.0 * B * L * K * H + 2.0 * B * N * H) * 2;
-      double gbs[2];
-      for (int version : {1, 2}) {
-        cudaEvent_t e0, e1;
-        CUDA_CHECK(cudaEventCreate(&e0));
-        CUDA_CHECK(cudaEventCreate(&e1));
-        for (int w = 0; w < 3; ++w) check_launch(jc::decode_fwd(p, nullptr, version, 0));
-        CUDA_CHECK(cudaEventRecord(e0));
-        for (int r = 0; r < reps; ++r) check_launch(jc::decode_fwd(p, nullptr, version, 0));
-        CUDA_CHECK(cudaEventRecord(e1));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms = 0.f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        gbs[version - 1] = bytes / (ms * 1e-3 / reps) / 1e9;
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
-      }
-      std::printf("| %d | %d | %.0f (%.0f%%) | %.0f (%.0f%%) | %.2fx |\n", B, L, gbs[0], 100 * gbs[0] * 1e9 / peak,
-                  gbs[1], 100 * gbs[1] * 1e9 / peak, gbs[1] / gbs[0]);
+      Row r{B, L};
+      r.v1 = time_call(p, 1, -1, bytes);
+      r.old_s = time_call(p, 2, -1, bytes);
+      r.new_s = time_call(p, 3, -1, bytes);
+      r.old_i = time_call(pi, 2, -1, bytes);
+      r.new_i = time_call(pi, 3, -1, bytes);
+      r.old_c = time_call(pc, 2, -1, bytes);
+      r.new_c = time_call(pc, 3, -1, bytes);
+      std::printf("| %d | %d | %.0f (%.0f%%) | %.0f (%.0f%%) | %.0f (%.0f%%) | %.2fx | %.0f (%.0f%%) | %.0f (%.0f%%) | "
+                  "%.0f (%.0f%%) | %.0f (%.0f%%) |\n",
+                  B, L, r.v1, pct(r.v1), r.old_s, pct(r.old_s), r.new_s, pct(r.new_s), r.new_s / r.old_s, r.old_i,
+                  pct(r.old_i), r.new_i, pct(r.new_i), r.old_c, pct(r.old_c), r.new_c, pct(r.new_c));
       std::fflush(stdout);
+      rows.push_back(r);
+      if ((B == 16 && L == 4096) || (B == 64 && L == 16384)) {
+        for (const Abl& a : abls) {
+          const double g = time_call(p, 0, a.variant, bytes);
+          char buf[160];
+          std::snprintf(buf, sizeof buf, "| %d | %d | %s | %.0f (%.0f%%) |", B, L, a.name, g, pct(g));
+          abl_lines.push_back(buf);
+        }
+      }
+      cudaFree(ident_d);
       call.free_all();
     }
   }
+  std::printf("\n== loader ablation (v2, shuffled pages; prefetchN: N tiles beyond the ring into L2)\n");
+  std::printf("| B | L | loader | GB/s (%% of read bw) |\n|---|---|---|---|\n");
+  for (const std::string& l : abl_lines) std::printf("%s\n", l.c_str());
+  std::printf("\n== issue-9 bar: paged (page 64, shuffled), %% of read bandwidth %.0f GB/s; bar 85%%\n", peak / 1e9);
+  std::printf("| B | L | v2 old | v2 new | new/old | v2 new contig |\n|---|---|---|---|---|---|\n");
+  for (const Row& r : rows)
+    std::printf("| %d | %d | %.0f%% | %.0f%% | %.2fx | %.0f%% |\n", r.B, r.L, pct(r.old_s), pct(r.new_s),
+                r.new_s / r.old_s, pct(r.new_c));
 }
 
 int main(int argc, char** argv) {
@@ -308,6 +407,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--quick")) quick = true, do_bench = false;
     if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
     if (!std::strcmp(argv[i], "--no-check")) do_check = false;
+    if (!std::strcmp(argv[i], "--bench-only")) do_check = false, do_bench = true;
   }
   std::vector<DecodeCase> cases;
   if (quick) {
@@ -332,29 +432,40 @@ int main(int argc, char** argv) {
     }
     cases.push_back({2, 1, 32, 8, 128, 8192, 64, true});  // long rows: the auto plan splits
     cases.push_back({1, 16, 16, 2, 128, 4096, 0, false});  // 128 rows: 8 row blocks
+    // The issue-9 loader: tiles straddling two pages (windows, forced chunks
+    // off the page grid, page sizes that are not powers of two), pages
+    // smaller than a tile (per-row fallback), several row blocks, long rows.
+    cases.push_back({3, 1, 32, 8, 128, 640, 128, true, 200});
+    cases.push_back({2, 4, 16, 2, 64, 384, 96, false});
+    cases.push_back({3, 1, 8, 1, 256, 480, 48, true, -1, 5.f});
+    cases.push_back({2, 1, 8, 2, 128, 448, 32, false, -1, 0.f, 80});
+    cases.push_back({2, 4, 32, 4, 128, 2048, 64, true});
+    cases.push_back({2, 1, 32, 8, 128, 16384, 128, true, 5000});
+    cases.push_back({2, 1, 8, 8, 256, 4096, 256, false, -1, 0.f, 200});
   }
   int failures = 0;
   if (do_check) {
     std::printf("== check against float64 (max abs error of o, of lse)\n");
     uint64_t seed = 1;
     for (const DecodeCase& c : cases) {
-      for (int version : {1, 2}) {
+      for (int kernel : {1, 2, 3, 5}) {
         double lse_err = 0.0;
-        const double err = check_case(c, version, seed, &lse_err);
+        const double err = check_case(c, kernel, seed, &lse_err);
         const double tol = c.bf16 ? 2e-2 : 4e-3;
         const bool ok = err >= 0 && err <= tol && lse_err <= 2e-2;
         failures += !ok;
-        std::printf("%-4s v%d %-60s o %.2e lse %.2e%s\n", ok ? "ok" : "FAIL", version, describe(c).c_str(), err,
+        std::printf("%-4s %-5s %-60s o %.2e lse %.2e%s\n", ok ? "ok" : "FAIL", kernel_name(kernel), describe(c).c_str(), err,
                     lse_err, err < 0 ? " (NaN / unwritten element or wrong empty row)" : "");
       }
       ++seed;
     }
     std::printf("%s: %d of %zu case-versions failed\n", failures ? "SOME FAILED" : "ALL OK", failures,
-                2 * cases.size());
+                4 * cases.size());
   }
   if (do_bench) {
     const double peak = read_bandwidth();
-    std::printf("\n== bench: paged (page 64), N=32 K=8 H=128 bf16 Tq=1; read bandwidth %.0f GB/s\n", peak / 1e9);
+    std::printf("\n== bench: paged (page 64), N=32 K=8 H=128 bf16 Tq=1; read bandwidth %.0f GB/s (decode_fwd v2 "
+                "default loader: %s)\n", peak / 1e9, jc::kDecodeV2DefaultVariant == jc::kV2Old ? "old" : "new");
     bench(peak);
   }
   return failures ? 1 : 0;
