@@ -31,10 +31,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
 #endif
   constexpr int kH = Tile::kHeadDim, kBM = Tile::kBlockM;
   constexpr int kM = Tile::kMTiles, kPitch = Tile::kPitch, kThreads = Tile::kThreads;
+  constexpr int kStages = Tile::kKVStages;
   extern __shared__ __align__(16) unsigned char smem[];
   Elem* sQ = reinterpret_cast<Elem*>(smem);
-  Elem* sK = sQ + Tile::kSmemQ;
-  Elem* sV = sK + Tile::kSmemKV;
+  Elem* sK = sQ + Tile::kSmemQ;                // [kStages][kSmemKV]
+  Elem* sV = sK + kStages * Tile::kSmemKV;     // [kStages][kSmemKV]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int T = p.seqlen_q, S = p.seqlen_k, hd = p.head_dim;
@@ -79,6 +80,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   if (nb >= nb_lo) {  // (S = 0: no key, o = 0 and lse = -inf)
     load_tile_async<kBN, kH, kPitch, kThreads>(sK, k + int64_t(nb) * kBN * p.k_row_stride,
                                                p.k_row_stride, S - nb * kBN, hd);
+    if constexpr (kStages == 2)
+      load_tile_async<kBN, kH, kPitch, kThreads>(sV, v + int64_t(nb) * kBN * p.v_row_stride,
+                                                 p.v_row_stride, S - nb * kBN, hd);
   }
   ptx::cp_async_commit();
 
@@ -97,17 +101,31 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   const uint32_t v_addr = ptx::smem_addr(sV) + lane_offset_a<kPitch>(lane);
 
   // Key blocks from the last: the ones that need masking come first.
-  for (; nb >= nb_lo; --nb) {
+  for (int it = 0; nb >= nb_lo; --nb, ++it) {
     const int n0 = nb * kBN;
-    ptx::cp_async_wait<0>();  // K(nb) landed ...
-    __syncthreads();          // ... for all threads, and V(nb+1) is no longer read
-    load_tile_async<kBN, kH, kPitch, kThreads>(sV, v + int64_t(n0) * p.v_row_stride,
-                                               p.v_row_stride, S - n0, hd);
-    ptx::cp_async_commit();
+    // (kStages = 2: buffer it & 1 holds K(nb), V(nb); the other one is filled
+    // with K(nb-1), V(nb-1) during this step.)
+    const uint32_t kv_off = kStages == 2 ? (it & 1) * Tile::kSmemKV * 2 : 0;
+    ptx::cp_async_wait<0>();  // K(nb) (and V(nb) with kStages = 2) landed ...
+    __syncthreads();          // ... for all threads, and the previous step's tiles are no longer read
+    if constexpr (kStages == 2) {
+      if (nb > nb_lo) {
+        const int nx = (it & 1) ^ 1;
+        load_tile_async<kBN, kH, kPitch, kThreads>(sK + nx * Tile::kSmemKV, k + int64_t(n0 - kBN) * p.k_row_stride,
+                                                   p.k_row_stride, S - (n0 - kBN), hd);
+        load_tile_async<kBN, kH, kPitch, kThreads>(sV + nx * Tile::kSmemKV, v + int64_t(n0 - kBN) * p.v_row_stride,
+                                                   p.v_row_stride, S - (n0 - kBN), hd);
+        ptx::cp_async_commit();
+      }
+    } else {
+      load_tile_async<kBN, kH, kPitch, kThreads>(sV, v + int64_t(n0) * p.v_row_stride,
+                                                 p.v_row_stride, S - n0, hd);
+      ptx::cp_async_commit();
+    }
 
     float s[kM][kBN / 8][4];
     clear(s);
-    gemm_ss_abt<Elem, kM, kBN / 8, kH, kPitch, kPitch>(s, q_addr, k_addr);
+    gemm_ss_abt<Elem, kM, kBN / 8, kH, kPitch, kPitch>(s, q_addr, k_addr + kv_off);
     if constexpr (kMasked) {
       if (kDense && p.bias != nullptr) {
         prescale_logits<true>(s, m0 + warp_row, n0, lane, p.scale, softcap,
@@ -125,18 +143,20 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
                  [&](int row, int col) { return col >= S || (causal && col > row); });
     }
 
-    ptx::cp_async_wait<0>();  // V(nb) landed ...
-    __syncthreads();          // ... for all threads, and K(nb) is no longer read
-    if (nb > nb_lo) {
-      load_tile_async<kBN, kH, kPitch, kThreads>(sK, k + int64_t(n0 - kBN) * p.k_row_stride,
-                                                 p.k_row_stride, S - (n0 - kBN), hd);
-      ptx::cp_async_commit();
+    if constexpr (kStages == 1) {
+      ptx::cp_async_wait<0>();  // V(nb) landed ...
+      __syncthreads();          // ... for all threads, and K(nb) is no longer read
+      if (nb > nb_lo) {
+        load_tile_async<kBN, kH, kPitch, kThreads>(sK, k + int64_t(n0 - kBN) * p.k_row_stride,
+                                                   p.k_row_stride, S - (n0 - kBN), hd);
+        ptx::cp_async_commit();
+      }
     }
 
     softmax.update(s, o, scale_log2);
     uint32_t pa[kM][kBN / 16][4];
     acc_to_a_frags<Elem>(s, pa);
-    gemm_rs_ab<Elem, kM, kH / 8, kBN / 16, kPitch>(o, pa, v_addr);
+    gemm_rs_ab<Elem, kM, kH / 8, kBN / 16, kPitch>(o, pa, v_addr + kv_off);
   }
 
   float inv[kM][2], lse[kM][2];
@@ -150,7 +170,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
         if (row < T) p.lse[(int64_t(b) * T + row) * p.num_heads + head] = lse[i][h];
       }
   }
-  if constexpr (kMasked) {  // (no key block ran: the Q copies may still be in flight)
+  if constexpr (kMasked || kStages == 2) {  // (no key block ran: the Q copies may still be in flight)
     ptx::cp_async_wait<0>();
     __syncthreads();
   }

@@ -24,7 +24,8 @@ inline int padded_head_dim(int h) {
 // streams K/V blocks of kBlockN keys, V(j) loading during S = Q K(j)^T and
 // K(j-1) loading during softmax and O += P V(j).
 template <int kHeadDim_, int kBlockN_, int kWarps_, int kMTiles_, int kMinBlocks_,
-          int kBlockNSm100_ = kBlockN_, int kBlockNMasked_ = kBlockNSm100_, int kBlockNDense_ = kBlockNMasked_>
+          int kBlockNSm100_ = kBlockN_, int kBlockNMasked_ = kBlockNSm100_, int kBlockNDense_ = kBlockNMasked_,
+          int kKVStages_ = 1>
 struct FwdTile {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
@@ -41,15 +42,19 @@ struct FwdTile {
   static constexpr int kWarps = kWarps_;
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the registers allow
+  // K/V buffers: 1 = one K and one V tile (V(j) loads during S = Q K(j)^T,
+  // K(j-1) during softmax and P V(j); two barriers a step); 2 = two of each
+  // (K(j-1) and V(j-1) load during the whole step j; one barrier a step).
+  static constexpr int kKVStages = kKVStages_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = kWarps * 16 * kMTiles;
   static constexpr int kPitch = kHeadDim + 8;  // smem row, elements
   static constexpr int kSmemQ = kBlockM * kPitch;
   static constexpr int kSmemKV = (kBlockN > kBlockNSm100 ? kBlockN : kBlockNSm100) * kPitch;
-  static constexpr int kSmemBytes = (kSmemQ + 2 * kSmemKV) * 2;
+  static constexpr int kSmemBytes = (kSmemQ + 2 * kKVStages * kSmemKV) * 2;
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0 && kBlockNSm100 % 16 == 0 && kBlockNMasked % 16 == 0 &&
                     kBlockNMasked <= kBlockNSm100 && kBlockNMasked <= kBlockN && kBlockNDense % 16 == 0 &&
-                    kBlockNDense <= kBlockNMasked,
+                    kBlockNDense <= kBlockNMasked && (kKVStages == 1 || kKVStages == 2),
                 "tile shape");
 };
 
@@ -68,9 +73,23 @@ struct FwdTile {
 template <int kHeadDim>
 struct FwdTileFor;
 template <> struct FwdTileFor<32> { using type = FwdTile<32, 128, 4, 2, 2, 128, 64>; };
-template <> struct FwdTileFor<64> { using type = FwdTile<64, 64, 4, 2, 2>; };
+// (Benchmark knobs, left at their defaults in builds: scripts/sm80_variants.sh
+// compiles one head dim's file with other values. JAXATTN_FWD_STAGES sets
+// kKVStages of every head dim of the translation unit.)
+#ifndef JAXATTN_FWD_STAGES
+#define JAXATTN_FWD_STAGES 1
+#endif
+#ifndef JAXATTN_FWD64_BN
+#define JAXATTN_FWD64_BN 64
+#define JAXATTN_FWD64_WARPS 4
+#define JAXATTN_FWD64_MTILES 2
+#define JAXATTN_FWD64_MINB 2
+#endif
+template <> struct FwdTileFor<64> {
+  using type = FwdTile<64, JAXATTN_FWD64_BN, JAXATTN_FWD64_WARPS, JAXATTN_FWD64_MTILES, JAXATTN_FWD64_MINB,
+                       JAXATTN_FWD64_BN, JAXATTN_FWD64_BN, JAXATTN_FWD64_BN, JAXATTN_FWD_STAGES>;
+};
 template <> struct FwdTileFor<96> { using type = FwdTile<96, 32, 4, 2, 2>; };
-// (Benchmark knobs, left at their defaults in builds.)
 #ifndef JAXATTN_FWD128_BN
 #define JAXATTN_FWD128_BN 48
 #define JAXATTN_FWD128_WARPS 4
@@ -79,10 +98,19 @@ template <> struct FwdTileFor<96> { using type = FwdTile<96, 32, 4, 2, 2>; };
 #endif
 template <> struct FwdTileFor<128> {
   using type = FwdTile<128, JAXATTN_FWD128_BN, JAXATTN_FWD128_WARPS, JAXATTN_FWD128_MTILES,
-                       JAXATTN_FWD128_MINB, 32, 32, 16>;
+                       JAXATTN_FWD128_MINB, 32, 32, 16, JAXATTN_FWD_STAGES>;
 };
 template <> struct FwdTileFor<192> { using type = FwdTile<192, 64, 8, 1, 1, 64, 64, 32>; };
-template <> struct FwdTileFor<256> { using type = FwdTile<256, 64, 8, 1, 1, 64, 64, 32>; };
+#ifndef JAXATTN_FWD256_BN
+#define JAXATTN_FWD256_BN 64
+#define JAXATTN_FWD256_WARPS 8
+#define JAXATTN_FWD256_MTILES 1
+#define JAXATTN_FWD256_MINB 1
+#endif
+template <> struct FwdTileFor<256> {
+  using type = FwdTile<256, JAXATTN_FWD256_BN, JAXATTN_FWD256_WARPS, JAXATTN_FWD256_MTILES, JAXATTN_FWD256_MINB,
+                       JAXATTN_FWD256_BN, JAXATTN_FWD256_BN, 32, JAXATTN_FWD_STAGES>;
+};
 
 // Backward (why: dK and dV of a warp's 16 keys x H stay in registers, 128 of
 // them at H = 128, so a CTA has one step's S^T / dP^T, 16 x kBlockM each, on
