@@ -74,6 +74,12 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple
+// of 32), ordering their shared-memory accesses.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Max over the 4 lanes of a quad (lanes 4i..4i+3), result in all of them.
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
