@@ -27,6 +27,9 @@ t0=$(date +%s)
 #   f8wdb  f8w + double buffer; H = 256: double buffer.
 #   fmix   H = 128: 8 warps x 32 rows, 32 keys a step, double buffer; H = 64: 4 warps, double
 #          buffer; H = 256: 4 warps x 16 rows, 32 keys a step, 2 CTAs/SM, double buffer.
+#   fpipe  H = 64: 48 keys a step, S of the next key block computed before the softmax of the
+#          current one (FwdTile kPipelineS; H = 128 spills with it, so not built).
+#          H = 128, 256: default objects.
 F128_8W="-DJAXATTN_FWD128_BN=48 -DJAXATTN_FWD128_WARPS=8 -DJAXATTN_FWD128_MTILES=2 -DJAXATTN_FWD128_MINB=1 -DJAXATTN_FWD128_BNM=16"
 F64_8W="-DJAXATTN_FWD64_BN=64 -DJAXATTN_FWD64_WARPS=8 -DJAXATTN_FWD64_MTILES=2 -DJAXATTN_FWD64_MINB=1 -DJAXATTN_FWD64_BND=32"
 DB="-DJAXATTN_FWD_STAGES=2"
@@ -35,6 +38,7 @@ declare -A FV=(
   [fdb]="$DB|$DB|$DB"
   [f8w]="$F64_8W|$F128_8W|"
   [f8wdb]="$F64_8W $DB|$F128_8W $DB|$DB"
+  [fpipe]="-DJAXATTN_FWD64_BN=48 -DJAXATTN_FWD_PIPE=true||"
   [fmix]="$DB|-DJAXATTN_FWD128_BN=32 -DJAXATTN_FWD128_WARPS=8 -DJAXATTN_FWD128_MTILES=2 -DJAXATTN_FWD128_MINB=1 -DJAXATTN_FWD128_BNM=16 $DB|-DJAXATTN_FWD256_BN=32 -DJAXATTN_FWD256_WARPS=4 -DJAXATTN_FWD256_MTILES=1 -DJAXATTN_FWD256_MINB=2 $DB"
 )
 FV_FILES=(fwd_hdim64 fwd_hdim128 fwd_hdim256)
@@ -53,6 +57,7 @@ BINS=(
   "v2 f8w bbase"
   "v3 f8wdb bpair"
   "v4 fmix bbase"
+  "v5 fpipe bpair"
 )
 ONLY=${ONLY:-}
 
@@ -173,9 +178,10 @@ echo "################ sm80 variants (TFLOP/s; fwd+bwd counts bwd as 2.5x fwd fl
 for b in "${run_bins[@]}"; do
   set -- $b
   if grep -q "^ALL OK" "$BUILD/check_$1.txt"; then ck="checks ok"
-  else ck="CHECKS FAILED: $(grep -c FAIL "$BUILD/check_$1.txt") cases (see check_$1.txt)"; fi
+  else ck="CHECKS FAILED: $(grep -c FAIL "$BUILD/check_$1.txt") failing cases (see check_$1.txt)"; fi
   echo "$1 = fwd $2 + bwd $3: $ck"
-  grep FAIL "$BUILD/check_$1.txt" | head -n 5 | sed 's/^/    /'
+  grep -q "^ALL OK" "$BUILD/check_$1.txt" || grep FAIL "$BUILD/check_$1.txt" | head -n 5 | sed 's/^/    /'
+  grep -qE "^ALL OK|SOME FAILED" "$BUILD/check_$1.txt" || tail -n 3 "$BUILD/check_$1.txt" | sed 's/^/    /'
 done
 printf "\n%-6s %-7s %-7s %-5s %-7s %7s %7s %8s\n" bin fwd_var bwd_var H mask fwd bwd fwd+bwd
 for b in "${run_bins[@]}"; do

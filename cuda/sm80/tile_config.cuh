@@ -88,8 +88,14 @@ template <> struct FwdTileFor<32> { using type = FwdTile<32, 128, 4, 2, 2, 128, 
 #endif
 #ifndef JAXATTN_FWD64_BN
 #define JAXATTN_FWD64_BN 64
+#endif
+#ifndef JAXATTN_FWD64_WARPS
 #define JAXATTN_FWD64_WARPS 4
+#endif
+#ifndef JAXATTN_FWD64_MTILES
 #define JAXATTN_FWD64_MTILES 2
+#endif
+#ifndef JAXATTN_FWD64_MINB
 #define JAXATTN_FWD64_MINB 2
 #endif
 #ifndef JAXATTN_FWD64_BND  // (keys a step of the kernels with a dense bias / mask)
@@ -102,8 +108,14 @@ template <> struct FwdTileFor<64> {
 template <> struct FwdTileFor<96> { using type = FwdTile<96, 32, 4, 2, 2>; };
 #ifndef JAXATTN_FWD128_BN
 #define JAXATTN_FWD128_BN 48
+#endif
+#ifndef JAXATTN_FWD128_WARPS
 #define JAXATTN_FWD128_WARPS 4
+#endif
+#ifndef JAXATTN_FWD128_MTILES
 #define JAXATTN_FWD128_MTILES 2
+#endif
+#ifndef JAXATTN_FWD128_MINB
 #define JAXATTN_FWD128_MINB 2
 #endif
 #ifndef JAXATTN_FWD128_BNM  // (keys a step of the masked kernels: 8-warp tiles spill with 32)
@@ -116,8 +128,14 @@ template <> struct FwdTileFor<128> {
 template <> struct FwdTileFor<192> { using type = FwdTile<192, 64, 8, 1, 1, 64, 64, 32>; };
 #ifndef JAXATTN_FWD256_BN
 #define JAXATTN_FWD256_BN 64
+#endif
+#ifndef JAXATTN_FWD256_WARPS
 #define JAXATTN_FWD256_WARPS 8
+#endif
+#ifndef JAXATTN_FWD256_MTILES
 #define JAXATTN_FWD256_MTILES 1
+#endif
+#ifndef JAXATTN_FWD256_MINB
 #define JAXATTN_FWD256_MINB 1
 #endif
 template <> struct FwdTileFor<256> {
@@ -193,7 +211,11 @@ template <> struct BwdTileFor<64> { using type = BwdTile<64, 64, 8, false, 1, JA
 template <> struct BwdTileFor<96> { using type = BwdTile<96, 64, 8, false, 1, JAXATTN_BWD_PAIR != 0>; };
 #ifndef JAXATTN_BWD128_BM
 #define JAXATTN_BWD128_BM 64
+#endif
+#ifndef JAXATTN_BWD128_WARPS
 #define JAXATTN_BWD128_WARPS 8
+#endif
+#ifndef JAXATTN_BWD128_MINB
 #define JAXATTN_BWD128_MINB 1
 #endif
 template <> struct BwdTileFor<128> {
