@@ -42,21 +42,26 @@ declare -A FV=(
   [fmix]="$DB|-DJAXATTN_FWD128_BN=32 -DJAXATTN_FWD128_WARPS=8 -DJAXATTN_FWD128_MTILES=2 -DJAXATTN_FWD128_MINB=1 -DJAXATTN_FWD128_BNM=16 $DB|-DJAXATTN_FWD256_BN=32 -DJAXATTN_FWD256_WARPS=4 -DJAXATTN_FWD256_MTILES=1 -DJAXATTN_FWD256_MINB=2 $DB"
 )
 FV_FILES=(fwd_hdim64 fwd_hdim128 fwd_hdim256)
-# Backward variants (per file bwd_hdim64, bwd_hdim96, bwd_hdim128).
+# Backward variants (per file bwd_hdim64, bwd_hdim96, bwd_hdim128, bwd_hdim256).
 #   bpair  warp pairs share 32 keys: S^T / dP^T 32 keys x 32 queries per warp, P^T and dS^T
 #          through smem, dK / dV 32 keys x H/2 per warp (BwdTile kPair).
+#   bpairv4  bpair + dQ added with 16-byte reductions (red.global.add.v4.f32 after a lane
+#          swap: half the reduction instructions); H = 256 gets the v4 reductions alone.
+P1="-DJAXATTN_BWD_PAIR=1"
+V4="-DJAXATTN_BWD_DQ_V4=1"
 declare -A BV=(
-  [bbase]="||"
-  [bpair]="-DJAXATTN_BWD_PAIR=1|-DJAXATTN_BWD_PAIR=1|-DJAXATTN_BWD_PAIR=1"
+  [bbase]="|||"
+  [bpair]="$P1|$P1|$P1|"
+  [bpairv4]="$P1 $V4|$P1 $V4|$P1 $V4|$V4"
 )
-BV_FILES=(bwd_hdim64 bwd_hdim96 bwd_hdim128)
+BV_FILES=(bwd_hdim64 bwd_hdim96 bwd_hdim128 bwd_hdim256)
 # Binaries: name fwd-variant bwd-variant.
 BINS=(
   "base fbase bbase"
   "v1 fdb bpair"
   "v2 f8w bbase"
   "v3 f8wdb bpair"
-  "v4 fmix bbase"
+  "v4 fmix bpairv4"
   "v5 fpipe bpair"
 )
 ONLY=${ONLY:-}

@@ -139,6 +139,14 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
 #endif
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Fire-and-forget f32 atomic add to four adjacent floats (16-byte aligned; sm_90+).
+__device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+#endif
+
 // Spins until the int32 counter at `addr` (global) reaches `target`; acquire at GPU scope,
 // so what the releasing threads wrote before their increment is visible after.
 __device__ __forceinline__ void wait_counter_geq(const int32_t* addr, int32_t target) {

@@ -202,6 +202,11 @@ struct BwdTile {
 
 template <int kHeadDim>
 struct BwdTileFor;
+// (Benchmark knob: JAXATTN_BWD_DQ_V4=1 adds dQ with 16-byte reductions on
+// sm_90+, see bwd_kernel.cuh.)
+#ifndef JAXATTN_BWD_DQ_V4
+#define JAXATTN_BWD_DQ_V4 0
+#endif
 // (Benchmark knob: JAXATTN_BWD_PAIR=1 turns on kPair for H = 64, 96, 128.)
 #ifndef JAXATTN_BWD_PAIR
 #define JAXATTN_BWD_PAIR 0
