@@ -80,6 +80,12 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple
+// of 32), ordering their shared-memory accesses.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Max over the 4 lanes of a quad (lanes 4i..4i+3), result in all of them.
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -138,6 +144,14 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
   red_add_f32(addr + 1, b);
 #endif
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Fire-and-forget f32 atomic add to four adjacent floats (16-byte aligned; sm_90+).
+__device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+#endif
 
 // Spins until the int32 counter at `addr` (global) reaches `target`; acquire at GPU scope,
 // so what the releasing threads wrote before their increment is visible after.

@@ -31,6 +31,12 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
   constexpr int kPitch = Tile::kPitch, kDsPitch = Tile::kDsPitch, kThreads = Tile::kThreads;
   constexpr int kQ8 = kBM / 8;      // n8 tiles of a warp's S^T row block
   constexpr int kQSteps = kBM / 16;  // k16 steps over queries
+  // Pair layout (see BwdTile): the unmasked kernels only.
+  constexpr bool kPair = Tile::kPair && !kMasked;
+  static_assert(!kPair || (kDoDV && kDoDKQ), "pair layout: one pass");
+  constexpr int kAccM = kPair ? 2 : 1;              // m16 tiles (keys) of dK, dV
+  constexpr int kAcc8 = kPair ? kH / 16 : kH / 8;   // n8 tiles (columns) of dK, dV
+  constexpr int kQH = kBM / 2;                      // kPair: queries of a warp's S^T
   extern __shared__ __align__(16) unsigned char smem[];
   Elem* base = reinterpret_cast<Elem*>(smem);
   Elem* sK = base + Tile::kOffK;
@@ -127,7 +133,7 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
     store_stats(0, lse, dps);
   }
 
-  float dv[1][kH / 8][4], dk[1][kH / 8][4];
+  float dv[kAccM][kAcc8][4], dk[kAccM][kAcc8][4];
   clear(dv);
   clear(dk);
   // With a soft cap or a bias the logits are scaled (capped, biased) before
@@ -141,6 +147,10 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
   const uint32_t q_addr = ptx::smem_addr(sQ);
   const uint32_t do_addr = ptx::smem_addr(sdO);
   const uint32_t off_a = lane_offset_a<kPitch>(lane), off_b = lane_offset_b<kPitch>(lane);
+  // kPair: this warp's pair owns keys [pair_key, + 32); it computes S^T for
+  // queries [half * kQH, + kQH) and dK, dV for columns [half * kH / 2, + kH / 2).
+  const int pair_key = (warp >> 1) * 32, half = warp & 1;
+  Elem* sP = base + Tile::kOffP;  // kPair: P^T [kBN][kDsPitch]
   // dQ piece of this warp: rows [dq_m, + kDqMTiles*16), columns [dq_n, + kDqCols).
   constexpr int kDqM = Tile::kDqMTiles, kDq8 = Tile::kDqCols / 8;
   const int dq_m = (warp % Tile::kDqWarpsM) * 16 * kDqM;
@@ -176,6 +186,27 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
       if (threadIdx.x == 0) ptx::wait_counter_geq(sem, before);
       __syncthreads();
     }
+#if JAXATTN_BWD_DQ_V4 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // (Variant) 4 floats a reduction: lanes t and t^1 swap halves, so that an
+    // even lane holds row g, columns 2t .. 2t+3 and an odd one row g+8,
+    // columns 2t-2 .. 2t+1 (16-byte aligned: hd and the columns are multiples of 4).
+    const bool odd = t & 1;
+#pragma unroll
+    for (int i = 0; i < kDqM; ++i) {
+      const int row = m0 + dq_m + i * 16 + g + (odd ? 8 : 0);
+      float* dst_row = dq_accum + int64_t(row) * N * hd;
+#pragma unroll
+      for (int j = 0; j < kDq8; ++j) {
+        const float s0 = odd ? dq[i][j][0] : dq[i][j][2], s1 = odd ? dq[i][j][1] : dq[i][j][3];
+        const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+        const int col = dq_n + j * 8 + 2 * (t & 2);
+        if (row < T && col < hd) {
+          if (odd) ptx::red_add_f32x4(dst_row + col, r0, r1, dq[i][j][2], dq[i][j][3]);
+          else ptx::red_add_f32x4(dst_row + col, dq[i][j][0], dq[i][j][1], r0, r1);
+        }
+      }
+    }
+#else
 #pragma unroll
     for (int i = 0; i < kDqM; ++i)
 #pragma unroll
@@ -190,6 +221,7 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
           }
         }
       }
+#endif
     if (sem) {
       __threadfence();
       __syncthreads();
@@ -214,6 +246,58 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
     const uint32_t do_stage = do_addr + stage * kBM * kPitch * 2;
     const float* lse_l2 = sLse + stage * kBM;
     const float* dps = sDps + stage * kBM;
+
+    if constexpr (kPair) {
+      constexpr int kQ8h = kQH / 8;
+      const int q_off = half * kQH;
+      // S^T = K Q^T for the pair's 32 keys and this warp's kQH queries.
+      float pt[2][kQ8h][4];
+      clear(pt);
+      gemm_ss_abt<Elem, 2, kQ8h, kH, kPitch, kPitch>(pt, ptx::smem_addr(sK) + pair_key * kPitch * 2 + off_a,
+                                                      q_stage + off_b + q_off * kPitch * 2);
+      if (n0 + kBN > S || (causal && n0 + kBN - 1 > m0)) {
+        apply_mask(pt, n0 + pair_key, m0 + q_off, lane,
+                   [&](int key, int query) { return key >= S || (causal && key > query); });
+      }
+#pragma unroll
+      for (int j = 0; j < kQ8h; ++j) {
+        const float2 l = *reinterpret_cast<const float2*>(lse_l2 + q_off + j * 8 + 2 * t);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            pt[i][j][2 * h] = ptx::exp2_approx(fmaf(pt[i][j][2 * h], scale_log2, -l.x));
+            pt[i][j][2 * h + 1] = ptx::exp2_approx(fmaf(pt[i][j][2 * h + 1], scale_log2, -l.y));
+          }
+      }
+      // dP^T = V dO^T; dS^T = P^T (dP^T - dpsum).
+      float dst[2][kQ8h][4];
+      clear(dst);
+      gemm_ss_abt<Elem, 2, kQ8h, kH, kPitch, kPitch>(dst, ptx::smem_addr(sV) + pair_key * kPitch * 2 + off_a,
+                                                      do_stage + off_b + q_off * kPitch * 2);
+      // P^T and dS^T to smem (rows: keys, columns: queries); the pair reads both.
+      Elem* ds = sdS + stage * kBN * kDsPitch;
+#pragma unroll
+      for (int j = 0; j < kQ8h; ++j) {
+        const float2 d = *reinterpret_cast<const float2*>(dps + q_off + j * 8 + 2 * t);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float p0 = pt[i][j][2 * h], p1 = pt[i][j][2 * h + 1];
+            const int off = (pair_key + i * 16 + g + 8 * h) * kDsPitch + q_off + j * 8 + 2 * t;
+            *reinterpret_cast<uint32_t*>(sP + off) = ptx::pack2<Elem>(p0, p1);
+            *reinterpret_cast<uint32_t*>(ds + off) =
+                ptx::pack2<Elem>(p0 * (dst[i][j][2 * h] - d.x), p1 * (dst[i][j][2 * h + 1] - d.y));
+          }
+      }
+      ptx::named_barrier_sync(1 + (warp >> 1), 64);
+      // dV += P^T dO, dK += dS^T Q for the pair's keys, this warp's columns.
+      const uint32_t a_off = pair_key * kDsPitch * 2 + lane_offset_a<kDsPitch>(lane);
+      const uint32_t col_off = half * (kH / 2) * 2;
+      gemm_ss_ab<Elem, 2, kH / 16, kBM, kDsPitch, kPitch>(dv, ptx::smem_addr(sP) + a_off, do_stage + off_a + col_off);
+      gemm_ss_ab<Elem, 2, kH / 16, kBM, kDsPitch, kPitch>(dk, ptx::smem_addr(ds) + a_off, q_stage + off_a + col_off);
+    } else {
 
     // S^T = K Q^T for this warp's 16 keys; P^T = exp2(S^T scale_log2 - lse_log2).
     float pt[1][kQ8][4];
@@ -302,6 +386,7 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
           *reinterpret_cast<uint32_t*>(ds + row * kDsPitch + col) = dsa[0][kq][r];
         }
     }
+    }  // (!kPair)
     if (has_next) store_stats(stage ^ 1, next_lse, next_dps);
   }
 
@@ -313,13 +398,19 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
   // Epilogue: dK (scaled) and dV through the K / V tiles.
   ptx::cp_async_wait<0>();  // (K/V copies are still in flight when there was no step)
   __syncthreads();
+  // (kPair: the warp's tile is keys [pair_key, + 32) x columns [half * kH / 2, + kH / 2).)
+  const int acc_off = kPair ? pair_key * kPitch + half * (kH / 2) : key_row * kPitch;
   if constexpr (kDoDKQ) {
-    const float sc[1][2] = {{p.scale, p.scale}};
-    acc_to_smem<Elem, kPitch>(dk, sc, sK + key_row * kPitch, lane);
+    float sc[kAccM][2];
+#pragma unroll
+    for (int i = 0; i < kAccM; ++i) sc[i][0] = sc[i][1] = p.scale;
+    acc_to_smem<Elem, kPitch>(dk, sc, sK + acc_off, lane);
   }
   if constexpr (kDoDV) {
-    const float one[1][2] = {{1.f, 1.f}};
-    acc_to_smem<Elem, kPitch>(dv, one, sV + key_row * kPitch, lane);
+    float one[kAccM][2];
+#pragma unroll
+    for (int i = 0; i < kAccM; ++i) one[i][0] = one[i][1] = 1.f;
+    acc_to_smem<Elem, kPitch>(dv, one, sV + acc_off, lane);
   }
   __syncthreads();
   if constexpr (kDoDKQ) {

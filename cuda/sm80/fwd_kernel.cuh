@@ -31,10 +31,15 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
 #endif
   constexpr int kH = Tile::kHeadDim, kBM = Tile::kBlockM;
   constexpr int kM = Tile::kMTiles, kPitch = Tile::kPitch, kThreads = Tile::kThreads;
+  // kPipe (unmasked kernels of a tile with kPipelineS): S of the next key
+  // block is computed before the softmax of the current one (two K and V
+  // buffers, one barrier a step).
+  constexpr bool kPipe = Tile::kPipelineS && !kMasked;
+  constexpr int kStages = kPipe ? 2 : Tile::kKVStages;
   extern __shared__ __align__(16) unsigned char smem[];
   Elem* sQ = reinterpret_cast<Elem*>(smem);
-  Elem* sK = sQ + Tile::kSmemQ;
-  Elem* sV = sK + Tile::kSmemKV;
+  Elem* sK = sQ + Tile::kSmemQ;                // [kStages][kSmemKV]
+  Elem* sV = sK + kStages * Tile::kSmemKV;     // [kStages][kSmemKV]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int T = p.seqlen_q, S = p.seqlen_k, hd = p.head_dim;
@@ -75,12 +80,40 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   }
   int nb = (n_end + kBN - 1) / kBN - 1;
 
+  // K(n) / V(n) into buffer `slot` (a no-op past the last key block).
+  // (kPipe: the base pointers are recomputed from the parameters, which
+  // costs a few integer ops a step but frees registers.)
+  auto load_k = [&](int n, int slot) {
+    const Elem* kb = kPipe ? static_cast<const Elem*>(p.k) + b * p.k_batch_stride +
+                                 int(blockIdx.y) / (p.num_heads / p.num_heads_k) * p.k_head_stride
+                           : k;
+    load_tile_async<kBN, kH, kPitch, kThreads>(sK + slot * Tile::kSmemKV, kb + int64_t(n) * kBN * p.k_row_stride,
+                                               p.k_row_stride, S - n * kBN, hd);
+  };
+  auto load_v = [&](int n, int slot) {
+    const Elem* vb = kPipe ? static_cast<const Elem*>(p.v) + b * p.v_batch_stride +
+                                 int(blockIdx.y) / (p.num_heads / p.num_heads_k) * p.v_head_stride
+                           : v;
+    load_tile_async<kBN, kH, kPitch, kThreads>(sV + slot * Tile::kSmemKV, vb + int64_t(n) * kBN * p.v_row_stride,
+                                               p.v_row_stride, S - n * kBN, hd);
+  };
   load_tile_async<kBM, kH, kPitch, kThreads>(sQ, q, p.q_row_stride, T - m0, hd);
-  if (nb >= nb_lo) {  // (S = 0: no key, o = 0 and lse = -inf)
-    load_tile_async<kBN, kH, kPitch, kThreads>(sK, k + int64_t(nb) * kBN * p.k_row_stride,
-                                               p.k_row_stride, S - nb * kBN, hd);
+  if constexpr (kPipe) {
+    // Group 0: Q, K(nb); group 1: K(nb-1), V(nb) (K(n), V(n) in buffer n & 1).
+    if (nb >= nb_lo) load_k(nb, nb & 1);
+    ptx::cp_async_commit();
+    if (nb >= nb_lo) {
+      if (nb > nb_lo) load_k(nb - 1, (nb - 1) & 1);
+      load_v(nb, nb & 1);
+    }
+    ptx::cp_async_commit();
+  } else {
+    if (nb >= nb_lo) {  // (S = 0: no key, o = 0 and lse = -inf)
+      load_k(nb, 0);
+      if constexpr (kStages == 2) load_v(nb, 0);
+    }
+    ptx::cp_async_commit();
   }
-  ptx::cp_async_commit();
 
   float o[kM][kH / 8][4];
   clear(o);
@@ -96,18 +129,76 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   const uint32_t k_addr = ptx::smem_addr(sK) + lane_offset_b<kPitch>(lane);
   const uint32_t v_addr = ptx::smem_addr(sV) + lane_offset_a<kPitch>(lane);
 
+  if constexpr (kPipe) {
+    // S(n-1) = Q K(n-1)^T is issued before the softmax and P V of block n, so that
+    // the tensor cores work on it while the warp does the softmax of block n.
+    // At the step of block n (one barrier): K(n-1) and V(n) have landed;
+    // K(n-2) and V(n-1) start loading (into the buffers of K(n) and V(n+1),
+    // read in the previous step).
+    // (S(n-1) is computed even in the last step, from a stale buffer, and
+    // masked only at the next step: the MMAs and the softmax then form one
+    // branch-free block that ptxas can interleave.)
+    auto s_of = [&](float (&s)[kM][kBN / 8][4], int n) {
+      clear(s);
+      gemm_ss_abt<Elem, kM, kBN / 8, kH, kPitch, kPitch>(s, q_addr, k_addr + (n & 1) * Tile::kSmemKV * 2);
+    };
+    auto mask_of = [&](float (&s)[kM][kBN / 8][4], int n) {
+      const int n0 = n * kBN;
+      if (n0 + kBN > S || (causal && n0 + kBN - 1 > m0))
+        apply_mask(s, m0 + warp_row, n0, lane, [&](int row, int col) { return col >= S || (causal && col > row); });
+    };
+    auto step = [&](float (&s_cur)[kM][kBN / 8][4], float (&s_next)[kM][kBN / 8][4], int n) {
+      ptx::cp_async_wait<0>();  // K(n-1), V(n) landed ...
+      __syncthreads();          // ... for all threads, and the previous step's tiles are no longer read
+      if (n - 2 >= nb_lo) load_k(n - 2, n & 1);
+      if (n - 1 >= nb_lo) load_v(n - 1, (n - 1) & 1);
+      ptx::cp_async_commit();
+      mask_of(s_cur, n);
+      s_of(s_next, n - 1);
+      softmax.template update<true>(s_cur, o, scale_log2);
+      uint32_t pa[kM][kBN / 16][4];
+      acc_to_a_frags<Elem>(s_cur, pa);
+      gemm_rs_ab<Elem, kM, kH / 8, kBN / 16, kPitch>(o, pa, v_addr + (n & 1) * Tile::kSmemKV * 2);
+    };
+    float s_a[kM][kBN / 8][4], s_b[kM][kBN / 8][4];
+    if (nb >= nb_lo) {
+      ptx::cp_async_wait<1>();  // Q, K(nb) landed ...
+      __syncthreads();          // ... for all threads
+      s_of(s_a, nb);
+    }
+    while (nb >= nb_lo) {
+      step(s_a, s_b, nb);
+      if (--nb < nb_lo) break;
+      step(s_b, s_a, nb);
+      --nb;
+    }
+  } else
   // Key blocks from the last: the ones that need masking come first.
-  for (; nb >= nb_lo; --nb) {
+  for (int it = 0; nb >= nb_lo; --nb, ++it) {
     const int n0 = nb * kBN;
-    ptx::cp_async_wait<0>();  // K(nb) landed ...
-    __syncthreads();          // ... for all threads, and V(nb+1) is no longer read
-    load_tile_async<kBN, kH, kPitch, kThreads>(sV, v + int64_t(n0) * p.v_row_stride,
-                                               p.v_row_stride, S - n0, hd);
-    ptx::cp_async_commit();
+    // (kStages = 2: buffer it & 1 holds K(nb), V(nb); the other one is filled
+    // with K(nb-1), V(nb-1) during this step.)
+    const uint32_t kv_off = kStages == 2 ? (it & 1) * Tile::kSmemKV * 2 : 0;
+    ptx::cp_async_wait<0>();  // K(nb) (and V(nb) with kStages = 2) landed ...
+    __syncthreads();          // ... for all threads, and the previous step's tiles are no longer read
+    if constexpr (kStages == 2) {
+      if (nb > nb_lo) {
+        const int nx = (it & 1) ^ 1;
+        load_tile_async<kBN, kH, kPitch, kThreads>(sK + nx * Tile::kSmemKV, k + int64_t(n0 - kBN) * p.k_row_stride,
+                                                   p.k_row_stride, S - (n0 - kBN), hd);
+        load_tile_async<kBN, kH, kPitch, kThreads>(sV + nx * Tile::kSmemKV, v + int64_t(n0 - kBN) * p.v_row_stride,
+                                                   p.v_row_stride, S - (n0 - kBN), hd);
+        ptx::cp_async_commit();
+      }
+    } else {
+      load_tile_async<kBN, kH, kPitch, kThreads>(sV, v + int64_t(n0) * p.v_row_stride,
+                                                 p.v_row_stride, S - n0, hd);
+      ptx::cp_async_commit();
+    }
 
     float s[kM][kBN / 8][4];
     clear(s);
-    gemm_ss_abt<Elem, kM, kBN / 8, kH, kPitch, kPitch>(s, q_addr, k_addr);
+    gemm_ss_abt<Elem, kM, kBN / 8, kH, kPitch, kPitch>(s, q_addr, k_addr + kv_off);
     if constexpr (kMasked) {
       if (kDense && p.bias != nullptr) {
         prescale_logits<true>(s, m0 + warp_row, n0, lane, p.scale, softcap,
@@ -125,18 +216,20 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
                  [&](int row, int col) { return col >= S || (causal && col > row); });
     }
 
-    ptx::cp_async_wait<0>();  // V(nb) landed ...
-    __syncthreads();          // ... for all threads, and K(nb) is no longer read
-    if (nb > nb_lo) {
-      load_tile_async<kBN, kH, kPitch, kThreads>(sK, k + int64_t(n0 - kBN) * p.k_row_stride,
-                                                 p.k_row_stride, S - (n0 - kBN), hd);
-      ptx::cp_async_commit();
+    if constexpr (kStages == 1) {
+      ptx::cp_async_wait<0>();  // V(nb) landed ...
+      __syncthreads();          // ... for all threads, and K(nb) is no longer read
+      if (nb > nb_lo) {
+        load_tile_async<kBN, kH, kPitch, kThreads>(sK, k + int64_t(n0 - kBN) * p.k_row_stride,
+                                                   p.k_row_stride, S - (n0 - kBN), hd);
+        ptx::cp_async_commit();
+      }
     }
 
     softmax.update(s, o, scale_log2);
     uint32_t pa[kM][kBN / 16][4];
     acc_to_a_frags<Elem>(s, pa);
-    gemm_rs_ab<Elem, kM, kH / 8, kBN / 16, kPitch>(o, pa, v_addr);
+    gemm_rs_ab<Elem, kM, kH / 8, kBN / 16, kPitch>(o, pa, v_addr + kv_off);
   }
 
   float inv[kM][2], lse[kM][2];
@@ -150,7 +243,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
         if (row < T) p.lse[(int64_t(b) * T + row) * p.num_heads + head] = lse[i][h];
       }
   }
-  if constexpr (kMasked) {  // (no key block ran: the Q copies may still be in flight)
+  if constexpr (kMasked || kStages == 2 || kPipe) {  // (no key block ran: the Q copies may still be in flight)
     ptx::cp_async_wait<0>();
     __syncthreads();
   }

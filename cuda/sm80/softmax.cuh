@@ -122,7 +122,9 @@ struct OnlineSoftmax {
   // Folds one block of raw logits in: turns s into unnormalised
   // probabilities and rescales the output accumulator o to the new maxima
   // (skipped when no row of the warp got a new maximum: the factor is 1).
-  template <int kN8, int kO8>
+  // kAlways: rescale o unconditionally (no branch: the caller's independent
+  // work, e.g. the next block's MMAs, can be scheduled across the update).
+  template <bool kAlways = false, int kN8, int kO8>
   __device__ __forceinline__ void update(float (&s)[kM][kN8][4], float (&o)[kM][kO8][4],
                                          float scale_log2) {
     float corr[kM][2], block_sum[kM][2];
@@ -153,7 +155,7 @@ struct OnlineSoftmax {
           }
         block_sum[i][h] = sum;
       }
-    if (__any_sync(0xffffffffu, changed)) {
+    if (kAlways || __any_sync(0xffffffffu, changed)) {
 #pragma unroll
       for (int i = 0; i < kM; ++i)
 #pragma unroll

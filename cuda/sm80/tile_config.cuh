@@ -24,7 +24,8 @@ inline int padded_head_dim(int h) {
 // streams K/V blocks of kBlockN keys, V(j) loading during S = Q K(j)^T and
 // K(j-1) loading during softmax and O += P V(j).
 template <int kHeadDim_, int kBlockN_, int kWarps_, int kMTiles_, int kMinBlocks_,
-          int kBlockNSm100_ = kBlockN_, int kBlockNMasked_ = kBlockNSm100_, int kBlockNDense_ = kBlockNMasked_>
+          int kBlockNSm100_ = kBlockN_, int kBlockNMasked_ = kBlockNSm100_, int kBlockNDense_ = kBlockNMasked_,
+          int kKVStages_ = 1, bool kPipelineS_ = false>
 struct FwdTile {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
@@ -41,15 +42,23 @@ struct FwdTile {
   static constexpr int kWarps = kWarps_;
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the registers allow
+  // K/V buffers: 1 = one K and one V tile (V(j) loads during S = Q K(j)^T,
+  // K(j-1) during softmax and P V(j); two barriers a step); 2 = two of each
+  // (K(j-1) and V(j-1) load during the whole step j; one barrier a step).
+  static constexpr int kKVStages = kKVStages_ > 1 || kPipelineS_ ? 2 : 1;
+  // kPipelineS (unmasked kernels; implies kKVStages = 2): S = Q K(j-1)^T is
+  // computed before the softmax and P V of block j, so the tensor cores have
+  // work while the warp does the softmax (a second S tile in registers).
+  static constexpr bool kPipelineS = kPipelineS_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = kWarps * 16 * kMTiles;
   static constexpr int kPitch = kHeadDim + 8;  // smem row, elements
   static constexpr int kSmemQ = kBlockM * kPitch;
   static constexpr int kSmemKV = (kBlockN > kBlockNSm100 ? kBlockN : kBlockNSm100) * kPitch;
-  static constexpr int kSmemBytes = (kSmemQ + 2 * kSmemKV) * 2;
+  static constexpr int kSmemBytes = (kSmemQ + 2 * kKVStages * kSmemKV) * 2;
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0 && kBlockNSm100 % 16 == 0 && kBlockNMasked % 16 == 0 &&
                     kBlockNMasked <= kBlockNSm100 && kBlockNMasked <= kBlockN && kBlockNDense % 16 == 0 &&
-                    kBlockNDense <= kBlockNMasked,
+                    kBlockNDense <= kBlockNMasked && (kKVStages == 1 || kKVStages == 2),
                 "tile shape");
 };
 
@@ -68,21 +77,71 @@ struct FwdTile {
 template <int kHeadDim>
 struct FwdTileFor;
 template <> struct FwdTileFor<32> { using type = FwdTile<32, 128, 4, 2, 2, 128, 64>; };
-template <> struct FwdTileFor<64> { using type = FwdTile<64, 64, 4, 2, 2>; };
+// (Benchmark knobs, left at their defaults in builds: scripts/sm80_variants.sh
+// compiles one head dim's file with other values. JAXATTN_FWD_STAGES sets
+// kKVStages of every head dim of the translation unit.)
+#ifndef JAXATTN_FWD_STAGES
+#define JAXATTN_FWD_STAGES 1
+#endif
+#ifndef JAXATTN_FWD_PIPE
+#define JAXATTN_FWD_PIPE false
+#endif
+#ifndef JAXATTN_FWD64_BN
+#define JAXATTN_FWD64_BN 64
+#endif
+#ifndef JAXATTN_FWD64_WARPS
+#define JAXATTN_FWD64_WARPS 4
+#endif
+#ifndef JAXATTN_FWD64_MTILES
+#define JAXATTN_FWD64_MTILES 2
+#endif
+#ifndef JAXATTN_FWD64_MINB
+#define JAXATTN_FWD64_MINB 2
+#endif
+#ifndef JAXATTN_FWD64_BND  // (keys a step of the kernels with a dense bias / mask)
+#define JAXATTN_FWD64_BND JAXATTN_FWD64_BN
+#endif
+template <> struct FwdTileFor<64> {
+  using type = FwdTile<64, JAXATTN_FWD64_BN, JAXATTN_FWD64_WARPS, JAXATTN_FWD64_MTILES, JAXATTN_FWD64_MINB,
+                       JAXATTN_FWD64_BN, JAXATTN_FWD64_BN, JAXATTN_FWD64_BND, JAXATTN_FWD_STAGES, JAXATTN_FWD_PIPE>;
+};
 template <> struct FwdTileFor<96> { using type = FwdTile<96, 32, 4, 2, 2>; };
-// (Benchmark knobs, left at their defaults in builds.)
 #ifndef JAXATTN_FWD128_BN
 #define JAXATTN_FWD128_BN 48
+#endif
+#ifndef JAXATTN_FWD128_WARPS
 #define JAXATTN_FWD128_WARPS 4
+#endif
+#ifndef JAXATTN_FWD128_MTILES
 #define JAXATTN_FWD128_MTILES 2
+#endif
+#ifndef JAXATTN_FWD128_MINB
 #define JAXATTN_FWD128_MINB 2
+#endif
+#ifndef JAXATTN_FWD128_BNM  // (keys a step of the masked kernels: 8-warp tiles spill with 32)
+#define JAXATTN_FWD128_BNM 32
 #endif
 template <> struct FwdTileFor<128> {
   using type = FwdTile<128, JAXATTN_FWD128_BN, JAXATTN_FWD128_WARPS, JAXATTN_FWD128_MTILES,
-                       JAXATTN_FWD128_MINB, 32, 32, 16>;
+                       JAXATTN_FWD128_MINB, 32, JAXATTN_FWD128_BNM, 16, JAXATTN_FWD_STAGES, JAXATTN_FWD_PIPE>;
 };
 template <> struct FwdTileFor<192> { using type = FwdTile<192, 64, 8, 1, 1, 64, 64, 32>; };
-template <> struct FwdTileFor<256> { using type = FwdTile<256, 64, 8, 1, 1, 64, 64, 32>; };
+#ifndef JAXATTN_FWD256_BN
+#define JAXATTN_FWD256_BN 64
+#endif
+#ifndef JAXATTN_FWD256_WARPS
+#define JAXATTN_FWD256_WARPS 8
+#endif
+#ifndef JAXATTN_FWD256_MTILES
+#define JAXATTN_FWD256_MTILES 1
+#endif
+#ifndef JAXATTN_FWD256_MINB
+#define JAXATTN_FWD256_MINB 1
+#endif
+template <> struct FwdTileFor<256> {
+  using type = FwdTile<256, JAXATTN_FWD256_BN, JAXATTN_FWD256_WARPS, JAXATTN_FWD256_MTILES, JAXATTN_FWD256_MINB,
+                       JAXATTN_FWD256_BN, JAXATTN_FWD256_BN, 32, JAXATTN_FWD_STAGES, JAXATTN_FWD_PIPE>;
+};
 
 // Backward (why: dK and dV of a warp's 16 keys x H stay in registers, 128 of
 // them at H = 128, so a CTA has one step's S^T / dP^T, 16 x kBlockM each, on
@@ -97,8 +156,15 @@ template <> struct FwdTileFor<256> { using type = FwdTile<256, 64, 8, 1, 1, 64, 
 // current one is processed (two stages).
 // kSplitDV: dK+dV accumulators do not fit registers (H >= 192): a first pass
 // computes dV alone, a second dK and dQ (one extra Q K^T recompute).
-template <int kHeadDim_, int kBlockM_, int kWarps_, bool kSplitDV_, int kMinBlocks_ = 1>
+// kPair (unmasked kernels, no kSplitDV): warps 2p and 2p+1 share keys
+// [32p, 32p+32): each computes S^T and dP^T for the 32 keys and one half of
+// the kBlockM queries, P^T and dS^T go through shared memory (a barrier of
+// the pair), and each accumulates dV, dK for the 32 keys and one half of the
+// head dim. Per MMA this reads about a fifth less shared memory (Q and dO
+// slices of 32 queries / H/2 columns instead of all kBlockM queries / H).
+template <int kHeadDim_, int kBlockM_, int kWarps_, bool kSplitDV_, int kMinBlocks_ = 1, bool kPair_ = false>
 struct BwdTile {
+  static constexpr bool kPair = kPair_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // queries per step
   static constexpr int kWarps = kWarps_;
@@ -125,24 +191,40 @@ struct BwdTile {
   static constexpr int kOffQ = kOffV + kBlockN * kPitch;
   static constexpr int kOffdO = kOffQ + 2 * kBlockM * kPitch;
   static constexpr int kOffdS = kOffdO + 2 * kBlockM * kPitch;
-  static constexpr int kElems = kOffdS + 2 * kBlockN * kDsPitch;
+  static constexpr int kOffP = kOffdS + 2 * kBlockN * kDsPitch;  // kPair: P^T [kBlockN][kDsPitch]
+  static constexpr int kElems = kOffP + (kPair ? kBlockN * kDsPitch : 0);
   static constexpr int kSmemBytes = kElems * 2 + 4 * kBlockM * 4;
   static_assert(kWarps % kDqWarpsM == 0 && kDqCols % 16 == 0, "dQ warp layout");
+  static_assert(!kPair || (!kSplitDV && kWarps % 2 == 0 && kBlockM % 32 == 0 && kHeadDim % 32 == 0),
+                "pair layout");
   static_assert(kBlockM % 16 == 0 && kHeadDim % 16 == 0, "tile shape");
 };
 
 template <int kHeadDim>
 struct BwdTileFor;
+// (Benchmark knob: JAXATTN_BWD_DQ_V4=1 adds dQ with 16-byte reductions on
+// sm_90+, see bwd_kernel.cuh.)
+#ifndef JAXATTN_BWD_DQ_V4
+#define JAXATTN_BWD_DQ_V4 0
+#endif
+// (Benchmark knob: JAXATTN_BWD_PAIR=1 turns on kPair for H = 64, 96, 128.)
+#ifndef JAXATTN_BWD_PAIR
+#define JAXATTN_BWD_PAIR 0
+#endif
 template <> struct BwdTileFor<32> { using type = BwdTile<32, 64, 8, false, 2>; };
-template <> struct BwdTileFor<64> { using type = BwdTile<64, 64, 8, false>; };
-template <> struct BwdTileFor<96> { using type = BwdTile<96, 64, 8, false>; };
+template <> struct BwdTileFor<64> { using type = BwdTile<64, 64, 8, false, 1, JAXATTN_BWD_PAIR != 0>; };
+template <> struct BwdTileFor<96> { using type = BwdTile<96, 64, 8, false, 1, JAXATTN_BWD_PAIR != 0>; };
 #ifndef JAXATTN_BWD128_BM
 #define JAXATTN_BWD128_BM 64
+#endif
+#ifndef JAXATTN_BWD128_WARPS
 #define JAXATTN_BWD128_WARPS 8
+#endif
+#ifndef JAXATTN_BWD128_MINB
 #define JAXATTN_BWD128_MINB 1
 #endif
 template <> struct BwdTileFor<128> {
-  using type = BwdTile<128, JAXATTN_BWD128_BM, JAXATTN_BWD128_WARPS, false, JAXATTN_BWD128_MINB>;
+  using type = BwdTile<128, JAXATTN_BWD128_BM, JAXATTN_BWD128_WARPS, false, JAXATTN_BWD128_MINB, JAXATTN_BWD_PAIR != 0>;
 };
 template <> struct BwdTileFor<192> { using type = BwdTile<192, 32, 8, true>; };
 template <> struct BwdTileFor<256> { using type = BwdTile<256, 32, 8, true>; };

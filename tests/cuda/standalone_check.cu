@@ -5,9 +5,13 @@
 // compared with a float64 CPU reference by relative Frobenius error. Then
 // large cases are timed (CUDA events) and reported in TFLOP/s.
 //
-// Usage: standalone_check [--quick] [--no-bench] [--no-check] [--h128]
+// Usage: standalone_check [--quick] [--no-bench] [--no-check] [--h128] [--sweep]
 //   --quick: four small cases, no benchmark (for compute-sanitizer);
-//   --h128: only cases on the head-dim-128 kernels, and the T = 16384 benchmarks.
+//   --h128: only cases on the head-dim-128 kernels, and the T = 16384 benchmarks;
+//   --sweep: twelve small odd-size cases (head dims 64 .. 256, bf16 and fp16,
+//     masked and not), then the benchmarks of scripts/sm80_variants.sh: H = 64,
+//     128, 256 at B = 1, T = 16384, N = 2048 / H, causal and not, bf16 (lines
+//     "sweep H<h> <full|causal> fwd <TFLOP/s> bwd <TFLOP/s> total <TFLOP/s>").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -464,8 +468,9 @@ static Bench bench(const Case& c, int iters) {
 }
 
 int main(int argc, char** argv) {
-  bool quick = false, do_bench = true, do_check = true, h128 = false;
+  bool quick = false, do_bench = true, do_check = true, h128 = false, sweep = false;
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--sweep")) sweep = true;
     if (!std::strcmp(argv[i], "--h128")) h128 = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
@@ -513,6 +518,9 @@ int main(int argc, char** argv) {
       {1, 300, 300, 4, 2, 256, true, true, 0, {-1, -1, -1, -1, 0.f, 70, 70, true, true}},
   };
   if (quick) cases = {cases[2], cases[8], cases[9], cases[16]};
+  if (sweep)
+    cases = {cases[1],  cases[2],  cases[3],  cases[5],  cases[7],  cases[9],  cases[11],
+             cases[16], cases[20], cases[24], cases[28], cases[30]};
   auto on_h128 = [](const Case& c) { return c.H > 96 && c.H <= 128; };
   if (h128) cases.erase(std::remove_if(cases.begin(), cases.end(), [&](const Case& c) { return !on_h128(c); }), cases.end());
 
@@ -547,6 +555,11 @@ int main(int argc, char** argv) {
         {1, 16384, 16384, 16, 16, 128, false, false},
     };
     if (h128) big.resize(2);
+    if (sweep) {
+      big.clear();
+      for (int H : {64, 128, 256})
+        for (bool causal : {false, true}) big.push_back({1, 16384, 16384, 2048 / H, 2048 / H, H, true, causal});
+    }
     for (const Case& c : big) {
       benches.push_back(bench(c, 5));
       const Bench& b = benches.back();
@@ -558,6 +571,9 @@ int main(int argc, char** argv) {
   std::printf("\n===== results =====\n");
   for (const std::string& l : lines) std::printf("%s\n", l.c_str());
   for (const Bench& b : benches) {
+    if (sweep)
+      std::printf("sweep H%d %s fwd %.1f bwd %.1f total %.1f\n", b.c.H, b.c.causal ? "causal" : "full",
+                  b.fwd_tflops, b.bwd_tflops, b.total_tflops);
     std::printf("%-40s fwd %6.1f  bwd %6.1f  fwd+bwd %6.1f TFLOP/s%s\n", describe(b.c).c_str(),
                 b.fwd_tflops, b.bwd_tflops, b.total_tflops,
                 b.nonfinite ? " NONFINITE OUTPUTS" : "");
