@@ -52,10 +52,13 @@ constexpr int kV2Touch = 2;
 constexpr int kV2PrefetchShift = 4;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
-// What decode_fwd(version 2) runs. Old until the H200 run of
-// scripts/decode_standalone.sh says the new loader is faster (DECODE_NOTES.md).
+// What decode_fwd(version 2) runs: hoisted page lookups alone. H200, session 4
+// (scripts/decode_standalone.sh, page 64, shuffled pages, B=64 L=16K): old 58%,
+// hoist 89%, hoist + prefetch 2 78% of read bandwidth (the L2 prefetch costs
+// contiguous caches 10 points too); identity page tables ran as fast as shuffled
+// ones, so address translation was not the cost, the per-row lookups were.
 #ifndef JAXATTN_DECODE_V2_VARIANT
-#define JAXATTN_DECODE_V2_VARIANT kV2Old
+#define JAXATTN_DECODE_V2_VARIANT kV2Hoist
 #endif
 constexpr int kDecodeV2DefaultVariant = JAXATTN_DECODE_V2_VARIANT;
 
