@@ -247,8 +247,9 @@ def flash_attention(
     its keys) gets output 0, lse ``-inf`` and zero gradients. (Unlike
     ``jax.nn.dot_product_attention``, whose masked logits are a large
     finite negative number, so a fully masked but unpadded row gets the mean
-    of the values there.) On GPUs, masked calls run the portable CUDA
-    kernels (the Hopper ones take no masks yet).
+    of the values there.) On Hopper GPUs, windows, lengths, segment ids and
+    the soft cap run on the Hopper kernels; the dense bias / mask (and the
+    deterministic backward of a masked call) on the portable CUDA kernels.
 
     Returns:
       ``out`` with the query's shape and dtype, or ``(out, lse)``.

@@ -41,10 +41,11 @@ IMPLEMENTATIONS = (None, "cpu", "xla", "cuda", "cuda_v1", "cuda_v2")
 # (JAXATTN_CUDA_DECODE_VERSION overrides at trace time); with a cache,
 # default_cuda_version decides.
 CUDA_DEFAULT_VERSION = 2
-# Paged caches with rows shorter than this run version 1 (H200, N=32/K=8, H=128,
-# page size 64: v2 paged reached 673 vs 1419 GB/s for v1 at B=16 L=4K, ~1x at B=64
-# L=4K, and 1.5-1.6x v1 from L=16K up; contiguous caches: v2 1.9-2.8x v1 everywhere).
-PAGED_V2_MIN_CAPACITY = 16384
+# Version 2 runs every cache since its paged loader reads page ids once per tile
+# (H200, session 4, benchmarks/decode.py, N=32/K=8, H=128, page size 64: v2 paged
+# 2685-4054 GB/s, 1.8-2.8x v1's 1305-1840 at B=16/64, L=4K-64K; contiguous caches:
+# v2 1.9-2.8x v1 in session 3). Session 3's v2 paged was slower than v1 at B=16 L=4K.
+PAGED_V2_MIN_CAPACITY = 0
 CUDA_KERNEL_NAMES = {1: "cuda:decode", 2: "cuda:decode_v2"}
 
 
@@ -178,8 +179,9 @@ def _env_int(name: str, default: int, allowed) -> int:
 
 
 def default_cuda_version(spec: DecodeSpec | None) -> int:
-    """The measured faster CUDA kernel version for a cache: 2, except paged caches with
-    rows below PAGED_V2_MIN_CAPACITY keys (1); CUDA_DEFAULT_VERSION without a spec."""
+    """The measured faster CUDA kernel version for a cache: 2 (paged caches with rows
+    below PAGED_V2_MIN_CAPACITY keys: 1; no such rows since session 4);
+    CUDA_DEFAULT_VERSION without a spec."""
     if spec is None:
         return CUDA_DEFAULT_VERSION
     return 1 if spec.paged and spec.capacity < PAGED_V2_MIN_CAPACITY else 2

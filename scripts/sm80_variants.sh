@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Side-by-side measurement of the sm80 (mma.sync) kernel candidates on one GPU
-# (see SM80_NOTES.md). Builds the standalone checker once with the default
+# (see docs/sm80_variants_notes.md). Builds the standalone checker once with the default
 # tiles and once per variant binary (only the head-dim files a variant changes
 # are recompiled, all in parallel), checks every binary against the float64
 # reference on twelve small odd-size cases, then times each on H = 64, 128,

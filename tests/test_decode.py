@@ -412,13 +412,13 @@ def test_cuda_version_choice(monkeypatch):
     assert d.cuda_version("cuda_v1") == 1 and d.cuda_version("cuda_v2") == 2
     monkeypatch.delenv("JAXATTN_CUDA_DECODE_VERSION", raising=False)
     assert d.cuda_version() == d.cuda_version("cuda") == d.CUDA_DEFAULT_VERSION
-    # With a cache: version 2, except paged caches with short rows (measured on the H200).
+    # With a cache: version 2, paged or not (measured on the H200).
     def spec(page_size, capacity):
         return d.DecodeSpec(batch=16, seqlen_q=1, num_heads=32, num_heads_k=8, head_dim=128, capacity=capacity,
                             page_size=page_size, dtype=jnp.bfloat16, scale=0.1, window_left=None, softcap=None)
     assert d.cuda_version(spec=spec(None, 4096)) == 2
-    assert d.cuda_version(spec=spec(64, 4096)) == 1
-    assert d.cuda_version(spec=spec(64, d.PAGED_V2_MIN_CAPACITY)) == 2
+    assert d.cuda_version(spec=spec(64, 4096)) == 2
+    assert d.cuda_version(spec=spec(16, 256)) == 2
     assert d.cuda_version("cuda_v2", spec(64, 4096)) == 2
     monkeypatch.setenv("JAXATTN_CUDA_DECODE_VERSION", "2")
     assert d.cuda_version(spec=spec(64, 4096)) == 2

@@ -219,12 +219,17 @@ __device__ inline int2 cta_id_span(const int32_t* ids, int lo, int hi, int vmin,
   return l >= f ? make_int2(f, l + 1) : make_int2(0, 0);
 }
 
-// The logit soft cap: cap * tanh(x / cap) of a scaled logit x (inv_cap = 1 / cap),
-// as cap - 2 cap / (1 + e^(2 x / cap)): one ex2.approx and one approximate divide
-// (absolute error ~1e-6 cap; tanhf cost the Hopper forward 2x its time at T=16K).
-// Every CUDA kernel caps with this one function, so a forward on one kernel and
-// a backward on another recompute the same logits.
+// The logit soft cap: cap * tanh(x / cap) of a scaled logit x (inv_cap = 1 / cap).
+// Two forms that agree to ~1e-6 cap, so a forward on one kernel and a backward on
+// another recompute the same logits: tanhf (the portable kernels; the fast form
+// made ptxas spill 12 bytes in their H=96 dense backward), and
+// softcap_forward_fast = cap - 2 cap / (1 + e^(2 x / cap)), one ex2.approx and one
+// approximate divide (the Hopper kernels: tanhf cost their forward 2x its time at
+// T=16K, this form 1.7x).
 __device__ __forceinline__ float softcap_forward(float x, float cap, float inv_cap) {
+  return cap * tanhf(x * inv_cap);
+}
+__device__ __forceinline__ float softcap_forward_fast(float x, float cap, float inv_cap) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(fminf(x * inv_cap * 2.8853900817779268f, 64.f)));  // 2 log2(e)
   return cap - __fdividef(2.f * cap, 1.f + y);

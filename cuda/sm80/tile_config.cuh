@@ -121,9 +121,15 @@ template <> struct FwdTileFor<96> { using type = FwdTile<96, 32, 4, 2, 2>; };
 #ifndef JAXATTN_FWD128_BNM  // (keys a step of the masked kernels: 8-warp tiles spill with 32)
 #define JAXATTN_FWD128_BNM 32
 #endif
+// H = 128 double-buffers K / V (one barrier a step): H200, session 4
+// (scripts/sm80_variants.sh, T=16K): 376.5 vs 353.0 TFLOP/s, causal 341.0 vs 326.5.
+// (At H = 64 it lost, 282 vs 301; at 256 it was even.)
+#ifndef JAXATTN_FWD128_STAGES
+#define JAXATTN_FWD128_STAGES (JAXATTN_FWD_STAGES > 1 ? JAXATTN_FWD_STAGES : 2)
+#endif
 template <> struct FwdTileFor<128> {
   using type = FwdTile<128, JAXATTN_FWD128_BN, JAXATTN_FWD128_WARPS, JAXATTN_FWD128_MTILES,
-                       JAXATTN_FWD128_MINB, 32, JAXATTN_FWD128_BNM, 16, JAXATTN_FWD_STAGES, JAXATTN_FWD_PIPE>;
+                       JAXATTN_FWD128_MINB, 32, JAXATTN_FWD128_BNM, 16, JAXATTN_FWD128_STAGES, JAXATTN_FWD_PIPE>;
 };
 template <> struct FwdTileFor<192> { using type = FwdTile<192, 64, 8, 1, 1, 64, 64, 32>; };
 #ifndef JAXATTN_FWD256_BN
@@ -207,7 +213,8 @@ struct BwdTileFor;
 #ifndef JAXATTN_BWD_DQ_V4
 #define JAXATTN_BWD_DQ_V4 0
 #endif
-// (Benchmark knob: JAXATTN_BWD_PAIR=1 turns on kPair for H = 64, 96, 128.)
+// (Benchmark knob: JAXATTN_BWD_PAIR=1 turns on kPair for H = 64, 96 (128 has it
+// by default: JAXATTN_BWD128_PAIR).)
 #ifndef JAXATTN_BWD_PAIR
 #define JAXATTN_BWD_PAIR 0
 #endif
@@ -223,8 +230,14 @@ template <> struct BwdTileFor<96> { using type = BwdTile<96, 64, 8, false, 1, JA
 #ifndef JAXATTN_BWD128_MINB
 #define JAXATTN_BWD128_MINB 1
 #endif
+// H = 128 uses warp pairs (kPair): H200, session 4: bwd 262.0 vs 252.6 TFLOP/s at
+// T=16K (causal 264.4 vs 254.5); at H = 64 pairs lost (206.6 vs 223.1).
+#ifndef JAXATTN_BWD128_PAIR
+#define JAXATTN_BWD128_PAIR 1
+#endif
 template <> struct BwdTileFor<128> {
-  using type = BwdTile<128, JAXATTN_BWD128_BM, JAXATTN_BWD128_WARPS, false, JAXATTN_BWD128_MINB, JAXATTN_BWD_PAIR != 0>;
+  using type = BwdTile<128, JAXATTN_BWD128_BM, JAXATTN_BWD128_WARPS, false, JAXATTN_BWD128_MINB,
+                       JAXATTN_BWD_PAIR != 0 || JAXATTN_BWD128_PAIR != 0>;
 };
 template <> struct BwdTileFor<192> { using type = BwdTile<192, 32, 8, true>; };
 template <> struct BwdTileFor<256> { using type = BwdTile<256, 32, 8, true>; };

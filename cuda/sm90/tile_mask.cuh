@@ -89,7 +89,7 @@ template <int kRegs>
 __device__ __forceinline__ void softcap_tile(float (&acc)[kRegs], float scale, float cap) {
   const float inv_cap = 1.f / cap;
 #pragma unroll
-  for (int i = 0; i < kRegs; ++i) acc[i] = cuda::softcap_forward(acc[i] * scale, cap, inv_cap);
+  for (int i = 0; i < kRegs; ++i) acc[i] = cuda::softcap_forward_fast(acc[i] * scale, cap, inv_cap);
 }
 
 // Sets to -inf the elements whose (query, key) pair the mask hides. kRowsAreQueries:
