@@ -219,6 +219,16 @@ __device__ inline int2 cta_id_span(const int32_t* ids, int lo, int hi, int vmin,
   return l >= f ? make_int2(f, l + 1) : make_int2(0, 0);
 }
 
+// `range` (indices of the other side: keys, or queries) narrowed to the items
+// whose segment ids fall in the id range of the CTA's own items [own0, own_end);
+// unchanged without segment ids (own_seg null). Every thread of the CTA calls it.
+__device__ inline int2 cta_segment_span(int2 range, const int32_t* own_seg, int own0, int own_end,
+                                        const int32_t* other_seg, int* red) {
+  if (own_seg == nullptr) return range;
+  const int2 ids = cta_id_range(own_seg, own0, own_end, red);
+  return cta_id_span(other_seg, range.x, range.y, ids.x, ids.y, red);
+}
+
 // The logit soft cap: cap * tanh(x / cap) of a scaled logit x (inv_cap = 1 / cap).
 // Two forms that agree to ~1e-6 cap, so a forward on one kernel and a backward on
 // another recompute the same logits: tanhf (the portable kernels; the fast form

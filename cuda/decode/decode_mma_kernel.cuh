@@ -165,6 +165,18 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     kb = pb * p.k_batch_stride - int64_t(ps) * p.k_row_stride;
     vb = pb * p.v_batch_stride - int64_t(ps) * p.v_row_stride;
   };
+  // Offsets of key j = jt + r of a tile: hoisted (tile_pages' bases) or per row.
+  auto key_offsets = [&](int r, int j, int off, int64_t ka, int64_t va, int64_t kb, int64_t vb, int64_t& ko,
+                         int64_t& vo) {
+    if (hoist) {
+      const int in = off + r;
+      const bool in_a = in < ps;
+      ko = (in_a ? ka : kb) + int64_t(in) * p.k_row_stride;
+      vo = (in_a ? va : vb) + int64_t(in) * p.v_row_stride;
+    } else {
+      row_offsets(j, ko, vo);
+    }
+  };
   auto load_tile = [&](int tile) {
     const int stage = tile % kStages;
     const uint32_t dst = ring_addr + stage * 2 * L::kTileElems * 2;
@@ -179,14 +191,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       const bool valid = j < j_end;
       int64_t ko = 0, vo = 0;
       if (valid) {
-        if (hoist) {
-          const int in = off + r;
-          const bool in_a = in < ps;
-          ko = (in_a ? ka : kb) + int64_t(in) * p.k_row_stride;
-          vo = (in_a ? va : vb) + int64_t(in) * p.v_row_stride;
-        } else {
-          row_offsets(j, ko, vo);
-        }
+        key_offsets(r, j, off, ka, va, kb, vb, ko, vo);
       }
       const uint32_t off_s = k * L::kRowsPerPass * kPitch * 2;
       ptx::cp_async_16(dst + off_s, kbase + ko, valid);
@@ -208,14 +213,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       const int j = jt + r;
       if (c < kBlockN * kLines && j < j_end) {
         int64_t ko, vo;
-        if (hoist) {
-          const int in = off + r;
-          const bool in_a = in < ps;
-          ko = (in_a ? ka : kb) + int64_t(in) * p.k_row_stride;
-          vo = (in_a ? va : vb) + int64_t(in) * p.v_row_stride;
-        } else {
-          row_offsets(j, ko, vo);
-        }
+        key_offsets(r, j, off, ka, va, kb, vb, ko, vo);
         ptx::prefetch_l2(kcache + ko + line * 64);
         ptx::prefetch_l2(vcache + vo + line * 64);
       }

@@ -81,10 +81,8 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
     segments = mask.q_seg != nullptr;
     // (Deterministic mode keeps the closed-form ranges: its dQ order counts
     // the key blocks visiting a query block, see dq_step.)
-    if (segments && !p.deterministic) {  // only queries whose ids fall in the block's id range
-      const int2 ids = cta_id_range(mask.kv_seg, n0, min(n0 + kBN, mask.kv_len), red);
-      rows = cta_id_span(mask.q_seg, rows.x, rows.y, ids.x, ids.y, red);
-    }
+    if (!p.deterministic)  // (with segments: only queries whose ids fall in the block's id range)
+      rows = cta_segment_span(rows, mask.kv_seg, n0, min(n0 + kBN, mask.kv_len), mask.q_seg, red);
     m_first = rows.x / kBM;
     m_blocks = (rows.y + kBM - 1) / kBM;
   }

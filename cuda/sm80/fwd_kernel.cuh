@@ -69,12 +69,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     __shared__ int red[2];
     if (threadIdx.x == 0) mask_smem = MaskView::of(p, b);
     __syncthreads();
-    int2 keys = mask.key_range(m0, m0 + kBM);
     segments = mask.q_seg != nullptr;
-    if (segments) {  // only keys whose ids fall in the block's id range
-      const int2 ids = cta_id_range(mask.q_seg, m0, min(m0 + kBM, mask.q_len), red);
-      keys = cta_id_span(mask.kv_seg, keys.x, keys.y, ids.x, ids.y, red);
-    }
+    // (with segments: only keys whose ids fall in the block's id range)
+    const int2 keys = cta_segment_span(mask.key_range(m0, m0 + kBM), mask.q_seg, m0, min(m0 + kBM, mask.q_len),
+                                       mask.kv_seg, red);
     n_end = keys.y;
     nb_lo = keys.x / kBN;
   }
@@ -83,19 +81,19 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   // K(n) / V(n) into buffer `slot` (a no-op past the last key block).
   // (kPipe: the base pointers are recomputed from the parameters, which
   // costs a few integer ops a step but frees registers.)
+  auto load_kv = [&](Elem* dst, const void* base, int64_t batch_stride, int64_t head_stride, int64_t row_stride,
+                     const Elem* fixed, int n, int slot) {
+    const Elem* src = kPipe ? static_cast<const Elem*>(base) + b * batch_stride +
+                                  int(blockIdx.y) / (p.num_heads / p.num_heads_k) * head_stride
+                            : fixed;
+    load_tile_async<kBN, kH, kPitch, kThreads>(dst + slot * Tile::kSmemKV, src + int64_t(n) * kBN * row_stride,
+                                               row_stride, S - n * kBN, hd);
+  };
   auto load_k = [&](int n, int slot) {
-    const Elem* kb = kPipe ? static_cast<const Elem*>(p.k) + b * p.k_batch_stride +
-                                 int(blockIdx.y) / (p.num_heads / p.num_heads_k) * p.k_head_stride
-                           : k;
-    load_tile_async<kBN, kH, kPitch, kThreads>(sK + slot * Tile::kSmemKV, kb + int64_t(n) * kBN * p.k_row_stride,
-                                               p.k_row_stride, S - n * kBN, hd);
+    load_kv(sK, p.k, p.k_batch_stride, p.k_head_stride, p.k_row_stride, k, n, slot);
   };
   auto load_v = [&](int n, int slot) {
-    const Elem* vb = kPipe ? static_cast<const Elem*>(p.v) + b * p.v_batch_stride +
-                                 int(blockIdx.y) / (p.num_heads / p.num_heads_k) * p.v_head_stride
-                           : v;
-    load_tile_async<kBN, kH, kPitch, kThreads>(sV + slot * Tile::kSmemKV, vb + int64_t(n) * kBN * p.v_row_stride,
-                                               p.v_row_stride, S - n * kBN, hd);
+    load_kv(sV, p.v, p.v_batch_stride, p.v_head_stride, p.v_row_stride, v, n, slot);
   };
   load_tile_async<kBM, kH, kPitch, kThreads>(sQ, q, p.q_row_stride, T - m0, hd);
   if constexpr (kPipe) {

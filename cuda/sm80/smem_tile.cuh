@@ -125,12 +125,12 @@ __device__ __forceinline__ void acc_to_a_frags(const float (&acc)[kM][2 * kKStep
   }
 }
 
-// acc[kM*16 x kN8*8] += A B^T, A = smem [m][k] (a_addr: pattern A, at the
-// warp's first row), B = smem [n][k] (b_addr: pattern B, at row 0), k in
-// [0, kK).
-template <typename Elem, int kM, int kN8, int kK, int kPitchA, int kPitchB>
-__device__ __forceinline__ void gemm_ss_abt(float (&acc)[kM][kN8][4], uint32_t a_addr,
-                                            uint32_t b_addr) {
+// acc[kM*16 x kN8*8] += A B^T (kBRowsAreK false) or A B (true) over k in [0, kK):
+// A = smem [m][k] (a_addr: pattern A, at the warp's first row); B = smem [n][k]
+// (b_addr: pattern B, at row 0) or smem [k][n] read transposed (pattern A, at
+// row 0 / the warp's first column).
+template <typename Elem, int kM, int kN8, int kK, int kPitchA, int kPitchB, bool kBRowsAreK>
+__device__ __forceinline__ void gemm_ss(float (&acc)[kM][kN8][4], uint32_t a_addr, uint32_t b_addr) {
   static_assert(kN8 % 2 == 0, "n tiles come in pairs");
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk) {
@@ -140,7 +140,8 @@ __device__ __forceinline__ void gemm_ss_abt(float (&acc)[kM][kN8][4], uint32_t a
 #pragma unroll
     for (int jp = 0; jp < kN8 / 2; ++jp) {
       uint32_t b[4];
-      ptx::ldmatrix_x4(b, b_addr + (jp * 16 * kPitchB + kk * 16) * 2);
+      if constexpr (kBRowsAreK) ptx::ldmatrix_x4_trans(b, b_addr + (kk * 16 * kPitchB + jp * 16) * 2);
+      else ptx::ldmatrix_x4(b, b_addr + (jp * 16 * kPitchB + kk * 16) * 2);
 #pragma unroll
       for (int i = 0; i < kM; ++i) {
         ptx::mma_16816<Elem>(acc[i][2 * jp], a[i], b[0], b[1]);
@@ -148,6 +149,10 @@ __device__ __forceinline__ void gemm_ss_abt(float (&acc)[kM][kN8][4], uint32_t a
       }
     }
   }
+}
+template <typename Elem, int kM, int kN8, int kK, int kPitchA, int kPitchB>
+__device__ __forceinline__ void gemm_ss_abt(float (&acc)[kM][kN8][4], uint32_t a_addr, uint32_t b_addr) {
+  gemm_ss<Elem, kM, kN8, kK, kPitchA, kPitchB, false>(acc, a_addr, b_addr);
 }
 
 // acc[kM*16 x kN8*8] += A B, A = register fragments (kKSteps k16 steps),
@@ -198,28 +203,10 @@ __device__ __forceinline__ void gemm_ss_atb(float (&acc)[kM][kN8][4], uint32_t a
   }
 }
 
-// acc[kM*16 x kN8*8] += A B, A = smem [m][k] (a_addr: pattern A, at the
-// warp's first row), B = smem [k][n] read transposed (b_addr: pattern A, at
-// row 0 / the warp's first column), k in [0, kK).
+// acc += A B, A = smem [m][k], B = smem [k][n] read transposed (gemm_ss).
 template <typename Elem, int kM, int kN8, int kK, int kPitchA, int kPitchB>
 __device__ __forceinline__ void gemm_ss_ab(float (&acc)[kM][kN8][4], uint32_t a_addr, uint32_t b_addr) {
-  static_assert(kN8 % 2 == 0, "n tiles come in pairs");
-#pragma unroll
-  for (int kk = 0; kk < kK / 16; ++kk) {
-    uint32_t a[kM][4];
-#pragma unroll
-    for (int i = 0; i < kM; ++i) ptx::ldmatrix_x4(a[i], a_addr + (i * 16 * kPitchA + kk * 16) * 2);
-#pragma unroll
-    for (int jp = 0; jp < kN8 / 2; ++jp) {
-      uint32_t b[4];
-      ptx::ldmatrix_x4_trans(b, b_addr + (kk * 16 * kPitchB + jp * 16) * 2);
-#pragma unroll
-      for (int i = 0; i < kM; ++i) {
-        ptx::mma_16816<Elem>(acc[i][2 * jp], a[i], b[0], b[1]);
-        ptx::mma_16816<Elem>(acc[i][2 * jp + 1], a[i], b[2], b[3]);
-      }
-    }
-  }
+  gemm_ss<Elem, kM, kN8, kK, kPitchA, kPitchB, true>(acc, a_addr, b_addr);
 }
 
 // Sets acc to zero.

@@ -25,29 +25,20 @@ __device__ __forceinline__ int2 blocks_of(int2 r) {
   return r.y > r.x ? make_int2(r.x / kBlock, (r.y + kBlock - 1) / kBlock) : make_int2(0, 0);
 }
 
-// Key blocks of size kBlockN that query rows [m0, m0 + kBlockM) of a CTA may
-// see; with segment ids, only keys whose ids fall in the rows' id range. Every
-// thread of the CTA calls it (block-wide scans; red: 2 ints of shared memory).
+// Key blocks of size kBlockN that query rows [m0, m0 + kBlockM) of a CTA may see;
+// with segment ids, only keys whose ids fall in the rows' id range. Every thread of
+// the CTA calls it (block-wide scans; red: 2 ints of shared memory).
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ int2 cta_key_blocks(const MaskView& m, int m0, int* red) {
-  int2 keys = m.key_range(m0, m0 + kBlockM);
-  if (m.q_seg != nullptr) {
-    const int2 ids = cuda::cta_id_range(m.q_seg, m0, min(m0 + kBlockM, m.q_len), red);
-    keys = cuda::cta_id_span(m.kv_seg, keys.x, keys.y, ids.x, ids.y, red);
-  }
-  return blocks_of<kBlockN>(keys);
+  return blocks_of<kBlockN>(cuda::cta_segment_span(m.key_range(m0, m0 + kBlockM), m.q_seg, m0,
+                                                   min(m0 + kBlockM, m.q_len), m.kv_seg, red));
 }
-
-// Query blocks of size kBlockM that keys [n0, n0 + kBlockN) of a CTA may be
-// seen by (the backward's range; same contract as cta_key_blocks).
+// Query blocks of size kBlockM that keys [n0, n0 + kBlockN) of a CTA may be seen by
+// (the backward's range; same contract).
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ int2 cta_query_blocks(const MaskView& m, int n0, int* red) {
-  int2 rows = m.query_range(n0, n0 + kBlockN);
-  if (m.q_seg != nullptr) {
-    const int2 ids = cuda::cta_id_range(m.kv_seg, n0, min(n0 + kBlockN, m.kv_len), red);
-    rows = cuda::cta_id_span(m.q_seg, rows.x, rows.y, ids.x, ids.y, red);
-  }
-  return blocks_of<kBlockM>(rows);
+  return blocks_of<kBlockM>(cuda::cta_segment_span(m.query_range(n0, n0 + kBlockN), m.kv_seg, n0,
+                                                   min(n0 + kBlockN, m.kv_len), m.q_seg, red));
 }
 
 // Which of a thread's accumulator elements pair equal segment ids: bit i of
