@@ -385,9 +385,10 @@ def test_dispatch_rule():
     assert jaxattn.decode_kernel_for(**half, platform="rocm") == "xla"
     if jaxattn.built_with_cuda():
         # 16-bit caches on CUDA GPUs run the CUDA kernel by default, in the version
-        # measured faster for the cache (this one is paged with short rows: version 1).
+        # measured faster for the cache (version 2, paged with short rows included).
         assert half["block_table"] is not None
-        default = d.CUDA_KERNEL_NAMES[1]
+        default = d.CUDA_KERNEL_NAMES[d.default_cuda_version(None)]
+        assert default == "cuda:decode_v2"
         assert jaxattn.decode_kernel_for(**half, platform="cuda") == default
         assert jaxattn.decode_kernel_for(**half, platform="gpu") == default
         assert jaxattn.decode_kernel_for(**half, implementation="cuda") == default
