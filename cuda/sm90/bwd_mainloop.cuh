@@ -31,9 +31,10 @@ namespace jaxattn::sm90 {
 
 // The mask of one consumer thread's S^T accumulators in a masked backward (no-ops
 // unless kMasked): 64 keys (this thread's rows key0, key0 + 8) x kCols query
-// columns. It holds the key rows' segment ids, the step's query ids and, with
-// a soft cap, the cap's gradient factor of each element (in [0, 1], kept as
-// fp16 pairs to save registers: finer than the 16-bit dS^T it multiplies).
+// columns. It holds the key rows' segment ids, the step's segment-id matches
+// (SegmentBits) and, with a soft cap, the cap's gradient factor of each element
+// (in [0, 1], kept as fp16 pairs to save registers: finer than the 16-bit dS^T it
+// multiplies).
 template <bool kMasked, int kCols>
 struct BwdStepMask {
   static constexpr int kPairs = kMasked ? kCols / 4 : 1;
