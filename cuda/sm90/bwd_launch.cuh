@@ -80,10 +80,17 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant variant) {
   if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim);
+  const int bits = static_cast<int>(variant);
+  const bool split_keys = bits & 1, pingpong = bits & 2;
   if constexpr (kHeadDim == 64) {
-    if (variant == BwdVariant::kSplitKeys) return launch_bwd<BwdTraits<kHeadDim, Elem, true>>(p, stream);
+    if (split_keys)
+      return pingpong ? launch_bwd<BwdTraits<kHeadDim, Elem, true, true>>(p, stream)
+                      : launch_bwd<BwdTraits<kHeadDim, Elem, true, false>>(p, stream);
   }
-  return launch_bwd<BwdTraits<kHeadDim, Elem, false>>(p, stream);
+  if constexpr (kHeadDim <= 128) {
+    if (pingpong) return launch_bwd<BwdTraits<kHeadDim, Elem, false, true>>(p, stream);
+  }
+  return launch_bwd<BwdTraits<kHeadDim, Elem, false, false>>(p, stream);
 }
 
 }  // namespace jaxattn::sm90

@@ -177,6 +177,21 @@ struct BwdMainloop {
     }
   }
 
+  // Pingpong turns (Tr::kPingpong; named barriers 4 + wg, 256 threads): a warpgroup
+  // waits for its turn before issuing a wgmma burst and hands the turn over after
+  // issuing it, so the bursts of the two warpgroups alternate (A0 A1 B0 B1 ...:
+  // A = S^T, dP^T; B = dQ, dK and, with split keys, dV). A sub-partition's tensor core
+  // runs wgmmas in issue order, so one warpgroup's P / dS phase overlaps the other's
+  // burst instead of both idling the tensor cores at once.
+  __device__ __forceinline__ static void take_turn(int wg) {
+    if constexpr (Tr::kPingpong) hptx::named_bar_sync(4 + wg, 256);
+  }
+  __device__ __forceinline__ static void pass_turn(int wg, bool last = false) {
+    if constexpr (Tr::kPingpong) {
+      if (!last) hptx::named_bar_arrive(4 + (wg ^ 1), 256);
+    }
+  }
+
   // One arrival per warp on an empty barrier (its reads of that stage are done).
   __device__ __forceinline__ static void release(uint32_t bar, int lane) {
     if (lane == 0) hptx::mbar_arrive(bar);
@@ -293,20 +308,28 @@ struct BwdMainloop {
     hptx::mbar_wait(sm.bar_kv(), 0);
     Pipe pipe;
     int ds_buf = 0;
+    // Pingpong: warpgroup 0 has the first turn; warpgroup 1 skips handing over the
+    // turn after its last burst (nobody would take it).
+    const int n_steps = tile.steps(args.group);
+    if (wg == 1 && n_steps > 0) pass_turn(wg);
+    int step = 0;
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
-      for (int m = tile.m_begin; m < tile.m_end; ++m) {
+      for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
         const int q_base = m * kBlockM;
+        const bool last_step = step == n_steps - 1;
         if constexpr (!kPrefetch) load_step_stats(args, tile, hg, m, lane, lse_next, dps_next);
         const float2 lse2 = lse_next, dps2 = dps_next;
 
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
+        take_turn(wg);
         hptx::wgmma_fence();
         issue_abT(s, k_rows, kBlockN * 128, q_tile);
         hptx::wgmma_commit();
         issue_abT(dp, v_rows, kBlockN * 128, do_tile);
         hptx::wgmma_commit();
+        pass_turn(wg);
         if constexpr (kPrefetch) prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next);
         mask.load_ids(q_base, t);
 
@@ -327,21 +350,27 @@ struct BwdMainloop {
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
 
-        // dV += P^T dO now; dS^T to smem for dQ.
-        hptx::wgmma_fence();
-        issue_acc_rs(dv, p, do_tile);
-        hptx::wgmma_commit();
+        // dV += P^T dO now (pingpong with split keys: in the B burst); dS^T to smem for dQ.
+        constexpr bool kDvInBurst = Tr::kPingpong && Tr::kSplitKeys;
+        if constexpr (!kDvInBurst) {
+          hptx::wgmma_fence();
+          issue_acc_rs(dv, p, do_tile);
+          hptx::wgmma_commit();
+        }
         store_packed_sw128<kBlockM>(ds, sm.ds(ds_buf) + wg * 64 * 128, 0, warp * 16 + g, t);
         hptx::fence_proxy_async_smem();
         // dS^T rows in smem: both warpgroups' (split head dim) or this one's (split keys).
         if constexpr (Tr::kSplitKeys) hptx::named_bar_sync(2 + wg, 128);
         else hptx::named_bar_sync(1, 256);
 
+        take_turn(wg);
         hptx::wgmma_fence();
+        if constexpr (kDvInBurst) issue_acc_rs(dv, p, do_tile);
         issue_dq(dq, sm.ds(ds_buf), sm.k(), wg);
         hptx::wgmma_commit();
         issue_acc_rs(dk, ds, q_tile);
         hptx::wgmma_commit();
+        pass_turn(wg, wg == 1 && last_step);
 
         // dQ: staged once its wgmma (and dV's) are done, while dK's runs.
         hptx::wgmma_wait<1>();

@@ -48,11 +48,15 @@ namespace jaxattn::sm90 {
 // head dim over all 128 keys (needs the other's dS^T half: a barrier of both
 // warpgroups every step); true: each computes all of the head dim over its own 64 keys
 // and both add into dq_accum (no shared barrier; dQ registers = H / 2, so head dim 64).
-template <int kHeadDim_, typename Elem_, bool kSplitKeys_ = false>
+// kPingpong (not wide): the consumer warpgroups take turns issuing their wgmma bursts
+// (bwd_mainloop.cuh), so one's P / dS phase runs while the other's products execute.
+template <int kHeadDim_, typename Elem_, bool kSplitKeys_ = false, bool kPingpong_ = false>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSplitKeys = kSplitKeys_;
+  static constexpr bool kPingpong = kPingpong_;
+  static_assert(!kPingpong || kHeadDim <= 128, "pingpong: the narrow (two 64-key warpgroups) tile");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
   static_assert(!kSplitKeys || kHeadDim == 64, "split-keys dQ fits the registers at head dim 64");
 

@@ -34,7 +34,10 @@ using jaxattn::DType;
 using jaxattn::sm90::BwdVariant;
 namespace jc = jaxattn::cuda;
 static constexpr int kNV = jaxattn::sm90::kNumBwdVariants;
-static const char* variant_name(int v) { return v == 0 ? "split-hd" : v == 1 ? "split-keys" : "default"; }
+static const char* variant_name(int v) {
+  static const char* names[] = {"split-hd", "split-keys", "split-hd-pp", "split-keys-pp", "default"};
+  return v >= 0 && v <= kNV ? names[v] : "?";
+}
 
 static FILE* g_log = stdout;
 static constexpr size_t kGuard = 4096;  // poisoned elements after each gradient
@@ -405,11 +408,16 @@ int main(int argc, char** argv) {
     if (!quick) std::printf("deterministic: %d of %d (H, variant) pairs differ between runs\n", det_failed, 3 * kNV);
   }
   if (!rows.empty()) {
-    std::printf("| H | T | causal | sm80 | sm90 split-hd | sm90 split-keys | sm90 default | default/sm80 |\n"
-                "|---|---|---|---|---|---|---|---|\n");
-    for (auto& r : rows)
-      std::printf("| %d | %d | %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n", r.H, r.T, r.causal ? "yes" : "no", r.tf[0],
-                  r.tf[1], r.tf[2], r.tf[3], r.tf[3] / r.tf[0]);
+    std::printf("| H | T | causal | sm80 |");
+    for (int vi = 0; vi <= kNV; ++vi) std::printf(" sm90 %s |", variant_name(vi));
+    std::printf(" default/sm80 |\n|---|---|---|---|");
+    for (int vi = 0; vi <= kNV; ++vi) std::printf("---|");
+    std::printf("---|\n");
+    for (auto& r : rows) {
+      std::printf("| %d | %d | %s | %.0f |", r.H, r.T, r.causal ? "yes" : "no", r.tf[0]);
+      for (int vi = 0; vi <= kNV; ++vi) std::printf(" %.0f |", r.tf[1 + vi]);
+      std::printf(" %.2f |\n", r.tf[kNV + 1] / r.tf[0]);
+    }
   }
   return failed ? 1 : 0;
 }
