@@ -203,17 +203,24 @@ struct BwdMainloop {
     return e == 0 ? __shfl_sync(0xffffffffu, v.x, src) : __shfl_sync(0xffffffffu, v.y, src);
   }
 
-  // lse (log2 domain; +inf for rows past T or with no key, so P = 0) and D of query
-  // columns q0 + 2 lane, q0 + 2 lane + 1 (one coalesced load per lane).
+  // lse (raw: -inf for rows past T) and D of query columns q0 + 2 lane, q0 + 2 lane + 1
+  // (one coalesced load per lane). Nothing here reads the loaded values, so the loads
+  // stay in flight until lse_log2 / dscores use them (a conversion right after the
+  // load made every warp wait out the L2 latency there: the top stall in Nsight
+  // Compute, session 5).
   __device__ __forceinline__ static void load_row_stats(const float* lse_bh, const float* dps_bh, int q0, int T,
                                                         int num_heads, int lane, float2& lse2, float2& dps2) {
     const int qa = q0 + 2 * lane, qb = qa + 1;
-    const float la = qa < T ? lse_bh[(int64_t)qa * num_heads] : -INFINITY;
-    const float lb = qb < T ? lse_bh[(int64_t)qb * num_heads] : -INFINITY;
-    lse2.x = la == -INFINITY ? INFINITY : la * float(M_LOG2E);
-    lse2.y = lb == -INFINITY ? INFINITY : lb * float(M_LOG2E);
+    lse2.x = qa < T ? lse_bh[(int64_t)qa * num_heads] : -INFINITY;
+    lse2.y = qb < T ? lse_bh[(int64_t)qb * num_heads] : -INFINITY;
     dps2.x = qa < T ? dps_bh[qa] : 0.f;
     dps2.y = qb < T ? dps_bh[qb] : 0.f;
+  }
+
+  // lse in the log2 domain, +inf for rows past T or with no key (so P = 0).
+  __device__ __forceinline__ static float2 lse_log2(const float2& lse) {
+    return make_float2(lse.x == -INFINITY ? INFINITY : lse.x * float(M_LOG2E),
+                       lse.y == -INFINITY ? INFINITY : lse.y * float(M_LOG2E));
   }
 
   // load_row_stats for step (query head hg of the group, query block m) of a tile.
@@ -236,8 +243,9 @@ struct BwdMainloop {
   // thread's rows key0, key0 + 8) x kCols query columns from q0; keys >= S and
   // (causal) keys > query are zeroed when need_mask.
   template <bool kCausal, int kCols>
-  __device__ __forceinline__ static void probs(float (&s)[kCols / 2], const float2& lse2, int q0, int key0, int S,
+  __device__ __forceinline__ static void probs(float (&s)[kCols / 2], const float2& lse_raw, int q0, int key0, int S,
                                                float sl2, bool need_mask, int t) {
+    const float2 lse2 = lse_log2(lse_raw);
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
@@ -301,7 +309,11 @@ struct BwdMainloop {
     // lse (log2 domain; +inf for rows past T or with no key: P = 0) and D for
     // columns 2 lane, 2 lane + 1 of a step; loaded one step ahead at H >= 128
     // (their latency was the kernel's top stall: +2-4% there, -3-7% at H=64).
+#ifdef JAXATTN_EXP_BWD_PREFETCH_ALL  // measurement switch: prefetch at H=64 too
+    constexpr bool kPrefetch = true;
+#else
     constexpr bool kPrefetch = kHeadDim >= 128;
+#endif
     float2 lse_next, dps_next;
     if (kPrefetch && tile.m_begin < tile.m_end) load_step_stats(args, tile, 0, tile.m_begin, lane, lse_next, dps_next);
 
