@@ -31,7 +31,7 @@
 #   TIME_BUDGET            seconds for the whole run (default 540; QUICK 210). Each step's
 #                          timeout is cut so the run ends in time; the benchmark gets what is
 #                          left and records rows it had no time for as skipped.
-#   LIMIT_BUILD LIMIT_TESTS LIMIT_SANITIZE   per-step timeouts (default 240 180 180; QUICK 120 60 60)
+#   LIMIT_BUILD LIMIT_TESTS LIMIT_SANITIZE   per-step timeouts (default 240 180 180; QUICK 180 60 60)
 #   BENCH_MIN              seconds kept for the benchmark by the earlier steps (default 150; QUICK 70)
 #   BENCH_MARGIN           the benchmark starts no row later than this many seconds before its
 #                          timeout, so it ends and writes its outputs by itself (default 45; QUICK 25)
@@ -64,7 +64,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS:-16}"
 if [[ "$QUICK" == 1 ]]; then
   TIME_BUDGET="${TIME_BUDGET:-210}"
   BENCH_ARGS="${BENCH_ARGS---quick}"
-  LIMIT_BUILD="${LIMIT_BUILD:-120}" LIMIT_TESTS="${LIMIT_TESTS:-60}"
+  LIMIT_BUILD="${LIMIT_BUILD:-180}" LIMIT_TESTS="${LIMIT_TESTS:-60}"
   LIMIT_SANITIZE="${LIMIT_SANITIZE:-$LIMIT_TESTS}" BENCH_MIN="${BENCH_MIN:-70}" BENCH_MARGIN="${BENCH_MARGIN:-25}"
 else
   TIME_BUDGET="${TIME_BUDGET:-540}"

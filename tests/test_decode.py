@@ -443,12 +443,12 @@ def test_default_runs_the_cpu_kernel_on_cpu():
 @gpu
 @pytest.mark.gpu
 def test_gpu_default_is_cuda_kernel():
-    """On a CUDA GPU, implementation=None runs the CUDA decode kernel for 16-bit caches
-    and the pure-JAX path for float32."""
+    """On a CUDA GPU, implementation=None runs the CUDA decode kernel (version 2, for
+    paged caches too) for 16-bit caches and the pure-JAX path for float32."""
     dev = jax.devices("gpu")[0]
     case = [None if x is None else jax.device_put(x, dev)
             for x in make_case(2, 4, 8, 2, 128, 256, jnp.bfloat16, page_size=64)]
-    assert jaxattn.decode_kernel_for(*case[:3], kv_lengths=case[3], block_table=case[4]) == "cuda:decode"
+    assert jaxattn.decode_kernel_for(*case[:3], kv_lengths=case[3], block_table=case[4]) == "cuda:decode_v2"
     check(None, *case, jnp.bfloat16)
     case32 = [None if x is None else jax.device_put(x, dev)
               for x in make_case(2, 4, 8, 2, 128, 256, jnp.float32, page_size=64)]

@@ -306,16 +306,11 @@ struct BwdMainloop {
     uint32_t p[kPRegs], ds[kPRegs];
     BwdStepMask<kMasked, kBlockM> mask(mask_view, args.attn, key0);
 
-    // lse (log2 domain; +inf for rows past T or with no key: P = 0) and D for
-    // columns 2 lane, 2 lane + 1 of a step; loaded one step ahead at H >= 128
-    // (their latency was the kernel's top stall: +2-4% there, -3-7% at H=64).
-#ifdef JAXATTN_EXP_BWD_PREFETCH_ALL  // measurement switch: prefetch at H=64 too
-    constexpr bool kPrefetch = true;
-#else
-    constexpr bool kPrefetch = kHeadDim >= 128;
-#endif
+    // lse and D for columns 2 lane, 2 lane + 1 of a step, loaded one step ahead (read
+    // only in probs / dscores, so the load latency hides behind a whole step: +10-17%
+    // at every head dim, session 5).
     float2 lse_next, dps_next;
-    if (kPrefetch && tile.m_begin < tile.m_end) load_step_stats(args, tile, 0, tile.m_begin, lane, lse_next, dps_next);
+    if (tile.m_begin < tile.m_end) load_step_stats(args, tile, 0, tile.m_begin, lane, lse_next, dps_next);
 
     hptx::mbar_wait(sm.bar_kv(), 0);
     Pipe pipe;
@@ -330,7 +325,6 @@ struct BwdMainloop {
       for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
         const int q_base = m * kBlockM;
         const bool last_step = step == n_steps - 1;
-        if constexpr (!kPrefetch) load_step_stats(args, tile, hg, m, lane, lse_next, dps_next);
         const float2 lse2 = lse_next, dps2 = dps_next;
 
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
@@ -342,7 +336,7 @@ struct BwdMainloop {
         issue_abT(dp, v_rows, kBlockN * 128, do_tile);
         hptx::wgmma_commit();
         pass_turn(wg);
-        if constexpr (kPrefetch) prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next);
+        prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next);
         mask.load_ids(q_base, t);
 
         // P^T once S^T is in.

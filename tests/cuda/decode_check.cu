@@ -11,8 +11,8 @@
 // bandwidth measured by a plain streaming-sum kernel, timed with CUDA events.
 //
 // Kernels compared: v1, v2 with the session-3 loader ("v2old", kV2Old) and v2
-// with the issue-9 loader ("v2new", kV2New: per-tile page lookups + L2
-// prefetch ahead of the ring); decode_fwd(version 2) runs kDecodeV2DefaultVariant.
+// with the default loader ("v2new", kDecodeV2DefaultVariant: per-tile page
+// lookups, what decode_fwd(version 2) runs).
 // The bench also times v2 on the same bytes seen through an identity page
 // table and as a contiguous cache (what paging itself costs), and a few loader
 // variants (which part of the new loader helps), then ends with the short
@@ -141,7 +141,7 @@ static jaxattn::cuda::LaunchStatus run_kernel(const AttnParams& p, int kernel, i
   switch (kernel) {
     case 1: return jc::decode_fwd(p, nullptr, 1, chunk);
     case 2: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Old);
-    case 3: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2New);
+    case 3: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant);
     case 5: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Hoist | jc::kV2Touch | (8 << jc::kV2PrefetchShift));
     default: return jc::decode_fwd(p, nullptr, 2, chunk);
   }
@@ -322,17 +322,17 @@ static void bench(double peak) {
   std::vector<Row> rows;
   auto pct = [&](double gbs) { return 100 * gbs * 1e9 / peak; };
   std::printf("\nGB/s (%% of read bandwidth). shuf: shuffled page table (the bar); ident: identity page\n"
-              "table; contig: the same bytes as a contiguous cache. old/new: v2 loaders kV2Old/kV2New.\n");
+              "table; contig: the same bytes as a contiguous cache. old/new: v2 loaders kV2Old / the default (kDecodeV2DefaultVariant).\n");
   std::printf("\n| B | L | v1 shuf | v2old shuf | v2new shuf | new/old | v2old ident | v2new ident | v2old contig | "
               "v2new contig |\n|---|---|---|---|---|---|---|---|---|---|\n");
   // Loader ablation on two rows: which part of the new loader gains.
   struct Abl { const char* name; int variant; };
   const Abl abls[] = {{"old", jc::kV2Old},
-                      {"hoist", jc::kV2Hoist},
+                      {"hoist (default)", jc::kV2Hoist},
                       {"prefetch1", 1 << jc::kV2PrefetchShift},
                       {"prefetch2", 2 << jc::kV2PrefetchShift},
                       {"hoist+prefetch1", jc::kV2Hoist | (1 << jc::kV2PrefetchShift)},
-                      {"hoist+prefetch2 (new)", jc::kV2Hoist | (2 << jc::kV2PrefetchShift)},
+                      {"hoist+prefetch2", jc::kV2Hoist | (2 << jc::kV2PrefetchShift)},
                       {"hoist+prefetch4", jc::kV2Hoist | (4 << jc::kV2PrefetchShift)},
                       {"hoist+prefetch8", jc::kV2Hoist | (8 << jc::kV2PrefetchShift)},
                       {"touch", jc::kV2Touch},
