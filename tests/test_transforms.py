@@ -50,7 +50,19 @@ def test_value_and_grad_and_checkpoint(impl):
     val, grads = jax.jit(jax.value_and_grad(loss(flash), argnums=(0, 1, 2)))(q, k, v)
     val_c, grads_c = jax.jit(jax.value_and_grad(loss(jax.checkpoint(flash)), argnums=(0, 1, 2)))(q, k, v)
     val_r, grads_r = jax.value_and_grad(loss(_ref), argnums=(0, 1, 2))(q, k, v)
-    np.testing.assert_allclose(float(val), float(val_r), rtol=1e-4 if dtype == jnp.float32 else 1e-2)
+    if dtype == jnp.float32:
+        np.testing.assert_allclose(float(val), float(val_r), rtol=1e-4)
+    else:
+        # The loss sums ~4K tanh(out) of both signs (it nearly cancels), so a relative
+        # bound on it is meaningless: each 16-bit output is rounded (up to half an ulp,
+        # 2^-9 relative) and the roundings add up like a random walk. Bound: twice the
+        # error of plain JAX attention in the input dtype plus four "standard errors"
+        # of the rounding (2^-9 rms relative per element).
+        o_ref = np.asarray(_ref(q, k, v), np.float64)
+        plain = jax.nn.dot_product_attention(q, k, v, implementation="xla")
+        err_plain = abs(float(loss(lambda *a: plain)(q, k, v)) - float(val_r))
+        spread = 4 * 2.0**-9 * float(np.sqrt(np.sum(np.tanh(o_ref) ** 2)))
+        assert abs(float(val) - float(val_r)) <= 2 * err_plain + spread, (float(val), float(val_r), err_plain, spread)
     np.testing.assert_allclose(float(val_c), float(val), rtol=1e-6)
     for a, b, c in zip(grads, grads_c, grads_r):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
