@@ -4,9 +4,11 @@
 # the tool exists), then the full check against the float64 CPU reference and the
 # benchmarks. The last lines printed are the results table.
 #
-# Usage: [CHECK=fwd|bwd] scripts/sm90_standalone.sh [args for sm90_$CHECK_check]
+# Usage: [CHECK=fwd|bwd|masked] scripts/sm90_standalone.sh [args for sm90_$CHECK_check]
 #   CHECK=fwd (default): tests/cuda/sm90_fwd_check.cu; CHECK=bwd: tests/cuda/sm90_bwd_check.cu
-#   (which also links the portable kernels: it compares against them).
+#   (which also links the portable kernels: it compares against them); CHECK=masked:
+#   tests/cuda/standalone_check.cu on the Hopper kernels (masked cases, forward and
+#   backward, against float64; --packed: packed vs separate documents).
 # Env: NVCC (default /usr/local/cuda/bin/nvcc, else nvcc on PATH), BUILD
 #      (default build/sm90_standalone_$CHECK), SANITIZE (1), RUN (1; 0 = build only),
 #      REUSE (0; 1 = keep object files already built), EXTRA_FLAGS (more nvcc flags,
@@ -29,6 +31,10 @@ pids=()
 objs=()
 SRCS=(cuda/sm90/*.cu "tests/cuda/sm90_${CHECK}_check.cu")
 [ "$CHECK" = bwd ] && SRCS+=(cuda/sm80/*.cu)
+if [ "$CHECK" = masked ]; then
+  SRCS=(cuda/sm90/*.cu cuda/sm80/*.cu tests/cuda/standalone_check.cu)
+  FLAGS+=(-DJAXATTN_CHECK_SM90)
+fi
 for src in "${SRCS[@]}"; do
   obj="$BUILD/$(basename "$(dirname "$src")")_$(basename "${src%.cu}").o"
   objs+=("$obj")

@@ -9,18 +9,11 @@
 
 namespace jaxattn::sm90 {
 
-// How the two consumer warpgroups share the work (bit 0: BwdTraits::kSplitKeys,
-// bit 1: BwdTraits::kPingpong). Split keys: head dim 64 only (elsewhere the same as
-// split head dim); pingpong: head dims 64 and 128 (at 256 the same as without).
-// kDefault: the measured best (see default_bwd_variant).
-enum class BwdVariant : int {
-  kSplitHeadDim = 0,
-  kSplitKeys = 1,
-  kPingpong = 2,
-  kSplitKeysPingpong = 3,
-  kDefault = 4
-};
-constexpr int kNumBwdVariants = 4;  // the explicit ones
+// Schedules of the Hopper backward: kPingpong (head dim 64; elsewhere the same as
+// kSplitHeadDim) has the two consumer warpgroups take turns issuing their wgmma
+// bursts. kDefault: the measured best (see default_bwd_variant).
+enum class BwdVariant : int { kSplitHeadDim = 0, kPingpong = 1, kDefault = 2 };
+constexpr int kNumBwdVariants = 2;  // the explicit ones
 
 // Enqueues preprocess, the main kernel and the dQ conversion; `p` already validated.
 template <int kHeadDim, typename Elem>

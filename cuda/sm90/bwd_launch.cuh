@@ -17,8 +17,8 @@
 namespace jaxattn::sm90 {
 
 // The variant flash_bwd_sm90 uses (kDefault), from H200 measurements.
-// Pingpong wins 1-5% at head dim 64 and loses up to 7% at 128 (session 5, lse / D
-// prefetched at every head dim).
+// Pingpong wins 1-5% at head dim 64 and lost up to 7% at 128 (session 5, lse / D
+// prefetched at every head dim), so only head dim 64 has it.
 inline BwdVariant default_bwd_variant(int head_dim) {
   return head_dim == 64 ? BwdVariant::kPingpong : BwdVariant::kSplitHeadDim;
 }
@@ -81,17 +81,10 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant variant) {
   if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim);
-  const int bits = static_cast<int>(variant);
-  const bool split_keys = bits & 1, pingpong = bits & 2;
   if constexpr (kHeadDim == 64) {
-    if (split_keys)
-      return pingpong ? launch_bwd<BwdTraits<kHeadDim, Elem, true, true>>(p, stream)
-                      : launch_bwd<BwdTraits<kHeadDim, Elem, true, false>>(p, stream);
+    if (variant == BwdVariant::kPingpong) return launch_bwd<BwdTraits<kHeadDim, Elem, true>>(p, stream);
   }
-  if constexpr (kHeadDim <= 128) {
-    if (pingpong) return launch_bwd<BwdTraits<kHeadDim, Elem, false, true>>(p, stream);
-  }
-  return launch_bwd<BwdTraits<kHeadDim, Elem, false, false>>(p, stream);
+  return launch_bwd<BwdTraits<kHeadDim, Elem, false>>(p, stream);
 }
 
 }  // namespace jaxattn::sm90

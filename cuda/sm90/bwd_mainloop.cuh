@@ -160,18 +160,14 @@ struct BwdMainloop {
     }
   }
 
-  // This warpgroup's dQ tile (kBlockM x kDqCols). A = dS^T [keys][kBlockM] in smem
-  // (MN-major), B = K (MN-major). Split head dim: all 128 keys, columns from
-  // 64 wg * ... (wg * kDqCols); split keys: this warpgroup's 64 keys, every column.
+  // This warpgroup's dQ tile (kBlockM x kDqCols: columns from wg * kDqCols) over all
+  // 128 keys. A = dS^T [keys][kBlockM] in smem (MN-major), B = K (MN-major).
   __device__ __forceinline__ static void issue_dq(float (&dq)[kDqRegs], uint32_t ds_tile, uint32_t k_tile, int wg) {
-    constexpr int kKeys = Tr::kSplitKeys ? 64 : kBlockN;
-    const int col0 = Tr::kSplitKeys ? 0 : wg * Tr::kDqCols;
-    const uint32_t row0 = Tr::kSplitKeys ? wg * 64 * 128 : 0;
-    const uint32_t a_base = ds_tile + row0;
-    const uint32_t b_base = k_tile + row0 + (col0 / 64) * kBlockN * 128 + (col0 % 64) * 2;
+    const int col0 = wg * Tr::kDqCols;
+    const uint32_t b_base = k_tile + (col0 / 64) * kBlockN * 128 + (col0 % 64) * 2;
 #pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint64_t da = hptx::make_desc_sw128(a_base + kk * 16 * 128, kBlockN * 128, 1024);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint64_t da = hptx::make_desc_sw128(ds_tile + kk * 16 * 128, kBlockN * 128, 1024);
       const uint64_t db = hptx::make_desc_sw128(b_base + kk * 16 * 128, kBlockN * 128, 1024);
       hptx::wgmma_ss_t<Elem, Tr::kDqCols, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
     }
@@ -180,7 +176,7 @@ struct BwdMainloop {
   // Pingpong turns (Tr::kPingpong; named barriers 4 + wg, 256 threads): a warpgroup
   // waits for its turn before issuing a wgmma burst and hands the turn over after
   // issuing it, so the bursts of the two warpgroups alternate (A0 A1 B0 B1 ...:
-  // A = S^T, dP^T; B = dQ, dK and, with split keys, dV). A sub-partition's tensor core
+  // A = S^T, dP^T; B = dQ, dK). A sub-partition's tensor core
   // runs wgmmas in issue order, so one warpgroup's P / dS phase overlaps the other's
   // burst instead of both idling the tensor cores at once.
   __device__ __forceinline__ static void take_turn(int wg) {
@@ -356,22 +352,16 @@ struct BwdMainloop {
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
 
-        // dV += P^T dO now (pingpong with split keys: in the B burst); dS^T to smem for dQ.
-        constexpr bool kDvInBurst = Tr::kPingpong && Tr::kSplitKeys;
-        if constexpr (!kDvInBurst) {
-          hptx::wgmma_fence();
-          issue_acc_rs(dv, p, do_tile);
-          hptx::wgmma_commit();
-        }
+        // dV += P^T dO now; dS^T to smem for dQ (both warpgroups' halves: one barrier).
+        hptx::wgmma_fence();
+        issue_acc_rs(dv, p, do_tile);
+        hptx::wgmma_commit();
         store_packed_sw128<kBlockM>(ds, sm.ds(ds_buf) + wg * 64 * 128, 0, warp * 16 + g, t);
         hptx::fence_proxy_async_smem();
-        // dS^T rows in smem: both warpgroups' (split head dim) or this one's (split keys).
-        if constexpr (Tr::kSplitKeys) hptx::named_bar_sync(2 + wg, 128);
-        else hptx::named_bar_sync(1, 256);
+        hptx::named_bar_sync(1, 256);
 
         take_turn(wg);
         hptx::wgmma_fence();
-        if constexpr (kDvInBurst) issue_acc_rs(dv, p, do_tile);
         issue_dq(dq, sm.ds(ds_buf), sm.k(), wg);
         hptx::wgmma_commit();
         issue_acc_rs(dk, ds, q_tile);
@@ -390,17 +380,17 @@ struct BwdMainloop {
         hptx::named_bar_sync(2 + wg, 128);
         if (tid == 0) {
           // Deterministic mode: key block n adds after blocks 0 .. n-1 (two warpgroup
-          // adds each; with split keys both add to the same columns, warpgroup 0
-          // first) and waits for its own add to land before counting it.
+          // adds each, to different columns) and waits for its own add to land before
+          // counting it.
           int32_t* sem = args.dq_semaphore
                              ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
                                    q_base / kDqSemaphoreRows
                              : nullptr;
           if (sem) {
-            ptx::wait_counter_geq(sem, 2 * tile.n_block + (Tr::kSplitKeys ? wg : 0));
+            ptx::wait_counter_geq(sem, 2 * tile.n_block);
             hptx::fence_proxy_async_global();
           }
-          hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, Tr::kSplitKeys ? 0 : wg * Tr::kDqChunks, head,
+          hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, wg * Tr::kDqChunks, head,
                                   tile.batch);
           hptx::bulk_commit();
           if (sem) {

@@ -44,34 +44,36 @@ namespace jaxattn::sm90 {
 //   P^T  [2][kBlockN][kBlockM]           (wide only)
 //   dQ staging [2 warpgroups][kDqCols/32 chunks][kBlockM][32 floats] (not wide)
 //   mbarriers: kv_full, q_full[s], q_empty[s]
-// kSplitKeys: how the two warpgroups share dQ = dS K. false: each computes half of the
-// head dim over all 128 keys (needs the other's dS^T half: a barrier of both
-// warpgroups every step); true: each computes all of the head dim over its own 64 keys
-// and both add into dq_accum (no shared barrier; dQ registers = H / 2, so head dim 64).
-// kPingpong (not wide): the consumer warpgroups take turns issuing their wgmma bursts
-// (bwd_mainloop.cuh), so one's P / dS phase runs while the other's products execute.
-template <int kHeadDim_, typename Elem_, bool kSplitKeys_ = false, bool kPingpong_ = false>
+// dQ = dS K is split by head dim: each warpgroup computes half of the columns over all
+// 128 keys, so it needs the other's dS^T half (a barrier of both warpgroups every step).
+// (Splitting by keys instead, each warpgroup all columns over its own 64 keys, ran
+// 2-5% slower at head dim 64 in sessions 3 and 5 and was removed.)
+// kPingpong (head dim 64): the consumer warpgroups take turns issuing their wgmma
+// bursts (bwd_mainloop.cuh), so one's P / dS phase runs while the other's products execute.
+template <int kHeadDim_, typename Elem_, bool kPingpong_ = false>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kSplitKeys = kSplitKeys_;
   static constexpr bool kPingpong = kPingpong_;
   static_assert(!kPingpong || kHeadDim <= 128, "pingpong: the narrow (two 64-key warpgroups) tile");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
-  static_assert(!kSplitKeys || kHeadDim == 64, "split-keys dQ fits the registers at head dim 64");
 
   // Wide: both warpgroups share the CTA's 64 keys and split the head dim.
   static constexpr bool kWide = kHeadDim == 256;
   static constexpr int kConsumerWarpgroups = 2;  // each owns 64 keys (wide: half the head dim)
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
+#ifdef JAXATTN_EXP_BWD64_STAGES  // measurement switch: Q / dO stages at head dim 64
+  static constexpr int kStages = kHeadDim == 64 ? JAXATTN_EXP_BWD64_STAGES : 2;
+#else
   static constexpr int kStages = 2;
+#endif
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 
   static constexpr int kChunks = kHeadDim / 64;
-  static constexpr int kDqCols = kSplitKeys ? kHeadDim : kHeadDim / 2;  // dQ columns per warpgroup
+  static constexpr int kDqCols = kHeadDim / 2;                           // dQ columns per warpgroup
   static constexpr int kKvCols = kWide ? kHeadDim / 2 : kHeadDim;        // dK / dV columns per warpgroup
   static constexpr int kAccRegs = kKvCols / 2;                           // dK / dV floats per thread
   static constexpr int kDqChunks = kDqCols / 32;       // f32 chunks of them

@@ -35,7 +35,7 @@ using jaxattn::sm90::BwdVariant;
 namespace jc = jaxattn::cuda;
 static constexpr int kNV = jaxattn::sm90::kNumBwdVariants;
 static const char* variant_name(int v) {
-  static const char* names[] = {"split-hd", "split-keys", "split-hd-pp", "split-keys-pp", "default"};
+  static const char* names[] = {"split-hd", "pingpong", "default"};
   return v >= 0 && v <= kNV ? names[v] : "?";
 }
 

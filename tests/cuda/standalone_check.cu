@@ -6,6 +6,11 @@
 // large cases are timed (CUDA events) and reported in TFLOP/s.
 //
 // Usage: standalone_check [--quick] [--no-bench] [--no-check] [--h128] [--sweep]
+//                         [--sm80] [--packed]
+//   A build with -DJAXATTN_CHECK_SM90 and the sm_90a objects (scripts/sm90_standalone.sh
+//   CHECK=masked) runs the Hopper kernels wherever their dispatch rule takes the call;
+//   --sm80: the portable ones anyway;
+//   --packed: the benchmark is packed documents vs the same documents separate;
 //   --quick: four small cases, no benchmark (for compute-sanitizer);
 //   --h128: only cases on the head-dim-128 kernels, and the T = 16384 benchmarks;
 //   --sweep: twelve small odd-size cases (head dims 64 .. 256, bf16 and fp16,
@@ -157,6 +162,62 @@ struct Result {
   double dbias = 0;  // (with a bias)
 };
 
+// Window, soft cap, lengths [B] and segment ids [B, T] / [B, S] of a case, on the
+// device and in `p` (the dense bias / mask are run_case's). free() releases them.
+struct DeviceMasks {
+  int32_t *lens = nullptr, *seg = nullptr;
+  void free() const {
+    if (lens) CUDA_CHECK(cudaFree(lens));
+    if (seg) CUDA_CHECK(cudaFree(seg));
+  }
+};
+static DeviceMasks upload_masks(const Case& c, AttnParams& p) {
+  const Masks& m = c.m;
+  DeviceMasks d;
+  if (!m.any()) return d;
+  p.window_left = m.left, p.window_right = m.right, p.softcap = m.softcap;
+  std::vector<int32_t> lens(2 * c.B);
+  for (int b = 0; b < c.B; ++b) {
+    lens[b] = (b == 0 && m.q_len0 >= 0) ? m.q_len0 : c.T;
+    lens[c.B + b] = (b == 0 && m.kv_len0 >= 0) ? m.kv_len0 : c.S;
+  }
+  CUDA_CHECK(cudaMalloc(&d.lens, lens.size() * 4));
+  CUDA_CHECK(cudaMemcpy(d.lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  p.q_lengths = d.lens, p.kv_lengths = d.lens + c.B;
+  if (m.q_doc > 0) {
+    std::vector<int32_t> seg(size_t(c.B) * (c.T + c.S));
+    for (int b = 0; b < c.B; ++b) {
+      for (int i = 0; i < c.T; ++i) seg[size_t(b) * c.T + i] = i / m.q_doc;
+      for (int j = 0; j < c.S; ++j) seg[size_t(c.B) * c.T + size_t(b) * c.S + j] = j / m.kv_doc;
+    }
+    CUDA_CHECK(cudaMalloc(&d.seg, seg.size() * 4));
+    CUDA_CHECK(cudaMemcpy(d.seg, seg.data(), seg.size() * 4, cudaMemcpyHostToDevice));
+    p.q_segment_ids = d.seg, p.kv_segment_ids = d.seg + size_t(c.B) * c.T;
+  }
+  return d;
+}
+
+// Which kernels run: the portable ones, or (a build with -DJAXATTN_CHECK_SM90 and
+// the sm_90a objects, unless --sm80) the Hopper ones wherever their dispatch rule
+// takes the call, as jaxattn's handlers do on an H100 / H200.
+#ifdef JAXATTN_CHECK_SM90
+static bool g_sm90 = true;
+#else
+static bool g_sm90 = false;
+#endif
+static jc::LaunchStatus run_fwd(const AttnParams& p) {
+#ifdef JAXATTN_CHECK_SM90
+  if (g_sm90 && jc::sm90_fwd_supports(p, 9, 0)) return jc::flash_fwd_sm90(p, 0);
+#endif
+  return jc::flash_fwd_sm80(p, 0);
+}
+static jc::LaunchStatus run_bwd(const AttnParams& p) {
+#ifdef JAXATTN_CHECK_SM90
+  if (g_sm90 && jc::sm90_bwd_supports(p, 9, 0)) return jc::flash_bwd_sm90(p, 0);
+#endif
+  return jc::flash_bwd_sm80(p, 0);
+}
+
 static Result run_case(const Case& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const double scale = 1.0 / std::sqrt(double(c.H));
@@ -188,30 +249,8 @@ static Result run_case(const Case& c, uint64_t seed) {
   p.o_batch_stride = o.batch_stride(), p.o_row_stride = o.row_stride(), p.o_head_stride = o.head_stride();
   p.dout = dout.dev, p.dq = dq.dev, p.dk = dk.dev, p.dv = dv.dev;
   p.dq_accum = dq_accum, p.dpsum = dpsum;
-  // Masks: lengths [B] and segment ids [B, T] / [B, S] on the device.
   const Masks& m = c.m;
-  int32_t *d_lens = nullptr, *d_seg = nullptr;
-  if (m.any()) {
-    p.window_left = m.left, p.window_right = m.right, p.softcap = m.softcap;
-    std::vector<int32_t> lens(2 * c.B);
-    for (int b = 0; b < c.B; ++b) {
-      lens[b] = (b == 0 && m.q_len0 >= 0) ? m.q_len0 : c.T;
-      lens[c.B + b] = (b == 0 && m.kv_len0 >= 0) ? m.kv_len0 : c.S;
-    }
-    CUDA_CHECK(cudaMalloc(&d_lens, lens.size() * 4));
-    CUDA_CHECK(cudaMemcpy(d_lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
-    p.q_lengths = d_lens, p.kv_lengths = d_lens + c.B;
-    if (m.q_doc > 0) {
-      std::vector<int32_t> seg(size_t(c.B) * (c.T + c.S));
-      for (int b = 0; b < c.B; ++b) {
-        for (int i = 0; i < c.T; ++i) seg[size_t(b) * c.T + i] = i / m.q_doc;
-        for (int j = 0; j < c.S; ++j) seg[size_t(c.B) * c.T + size_t(b) * c.S + j] = j / m.kv_doc;
-      }
-      CUDA_CHECK(cudaMalloc(&d_seg, seg.size() * 4));
-      CUDA_CHECK(cudaMemcpy(d_seg, seg.data(), seg.size() * 4, cudaMemcpyHostToDevice));
-      p.q_segment_ids = d_seg, p.kv_segment_ids = d_seg + size_t(c.B) * c.T;
-    }
-  }
+  const DeviceMasks dm = upload_masks(c, p);
   // Dense bias [1, N, T, S] with its gradient, dense mask [B, 1, T, S].
   const size_t nbias = size_t(c.N) * c.T * c.S;
   std::vector<float> bias_h;
@@ -239,9 +278,9 @@ static Result run_case(const Case& c, uint64_t seed) {
     std::copy(dims, dims + 5, p.mask_dims);
   }
 
-  check_launch(jc::flash_fwd_sm80(p, 0));
+  check_launch(run_fwd(p));
   CUDA_CHECK(cudaDeviceSynchronize());
-  check_launch(jc::flash_bwd_sm80(p, 0));
+  check_launch(run_bwd(p));
   CUDA_CHECK(cudaDeviceSynchronize());
   fetch(o), fetch(dq), fetch(dk), fetch(dv);
   std::vector<float> lse_h(rows);
@@ -346,8 +385,7 @@ static Result run_case(const Case& c, uint64_t seed) {
   CUDA_CHECK(cudaFree(lse));
   CUDA_CHECK(cudaFree(dq_accum));
   CUDA_CHECK(cudaFree(dpsum));
-  if (d_lens) CUDA_CHECK(cudaFree(d_lens));
-  if (d_seg) CUDA_CHECK(cudaFree(d_seg));
+  dm.free();
   if (d_bias) {
     CUDA_CHECK(cudaFree(d_bias));
     CUDA_CHECK(cudaFree(d_dbias));
@@ -422,6 +460,7 @@ static Bench bench(const Case& c, int iters) {
   p.q = q, p.k = k, p.v = v, p.o = o, p.lse = lse, p.dout = dout, p.dq = dq, p.dk = dk, p.dv = dv;
   p.dq_accum = dq_accum, p.dpsum = dpsum;
   jaxattn::set_contiguous_strides(p);
+  const DeviceMasks dm = upload_masks(c, p);
 
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
@@ -443,8 +482,8 @@ static Bench bench(const Case& c, int iters) {
     return double(ts[ts.size() / 2]);
   };
   Bench r{c};
-  r.fwd_ms = time_it([&] { return jc::flash_fwd_sm80(p, 0); });
-  r.bwd_ms = time_it([&] { return jc::flash_bwd_sm80(p, 0); });
+  r.fwd_ms = time_it([&] { return run_fwd(p); });
+  r.bwd_ms = time_it([&] { return run_bwd(p); });
   double flops = 4.0 * c.B * c.N * double(c.T) * c.S * c.H;
   if (c.causal) flops /= 2;
   r.fwd_tflops = flops / r.fwd_ms * 1e-9;
@@ -462,14 +501,17 @@ static Bench bench(const Case& c, int iters) {
   for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk,
                     (void*)dv, (void*)lse, (void*)dpsum, (void*)dq_accum, (void*)cnt})
     CUDA_CHECK(cudaFree(ptr));
+  dm.free();
   CUDA_CHECK(cudaEventDestroy(e0));
   CUDA_CHECK(cudaEventDestroy(e1));
   return r;
 }
 
 int main(int argc, char** argv) {
-  bool quick = false, do_bench = true, do_check = true, h128 = false, sweep = false;
+  bool quick = false, do_bench = true, do_check = true, h128 = false, sweep = false, packed = false;
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--packed")) packed = true;
+    if (!std::strcmp(argv[i], "--sm80")) g_sm90 = false;
     if (!std::strcmp(argv[i], "--sweep")) sweep = true;
     if (!std::strcmp(argv[i], "--h128")) h128 = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -555,6 +597,18 @@ int main(int argc, char** argv) {
         {1, 16384, 16384, 16, 16, 128, false, false},
     };
     if (h128) big.resize(2);
+    if (packed) {
+      // Packed documents (segment ids, per-document causal) vs the same documents
+      // as a batch of separate sequences: 16 documents of 1000 tokens (tiles of
+      // 128 rows straddle two documents) and of 1024 (they do not), H = 128, N = 16.
+      big.clear();
+      for (int doc : {1000, 1024}) {
+        Masks seg;
+        seg.q_doc = seg.kv_doc = doc;
+        big.push_back({1, 16 * doc, 16 * doc, 16, 16, 128, true, true, 0, seg});
+        big.push_back({16, doc, doc, 16, 16, 128, true, true});
+      }
+    }
     if (sweep) {
       big.clear();
       for (int H : {64, 128, 256})
@@ -579,6 +633,12 @@ int main(int argc, char** argv) {
                 b.nonfinite ? " NONFINITE OUTPUTS" : "");
     all_ok &= b.nonfinite == 0;
   }
+  if (packed)
+    for (size_t i = 0; i + 1 < benches.size(); i += 2)
+      std::printf("packed / separate time, documents of %d: fwd %.2f  bwd %.2f  fwd+bwd %.2f\n",
+                  benches[i + 1].c.T, benches[i].fwd_ms / benches[i + 1].fwd_ms,
+                  benches[i].bwd_ms / benches[i + 1].bwd_ms,
+                  (benches[i].fwd_ms + benches[i].bwd_ms) / (benches[i + 1].fwd_ms + benches[i + 1].bwd_ms));
   std::printf("%s\n", all_ok ? "ALL OK" : "SOME FAILED");
   return all_ok ? 0 : 1;
 }
