@@ -63,11 +63,7 @@ struct BwdTraits {
   static constexpr int kConsumerWarpgroups = 2;  // each owns 64 keys (wide: half the head dim)
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
-#ifdef JAXATTN_EXP_BWD64_STAGES  // measurement switch: Q / dO stages at head dim 64
-  static constexpr int kStages = kHeadDim == 64 ? JAXATTN_EXP_BWD64_STAGES : 2;
-#else
-  static constexpr int kStages = 2;
-#endif
+  static constexpr int kStages = 2;  // (3 at head dim 64: same speed, session 5)
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
