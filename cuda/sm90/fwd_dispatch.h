@@ -25,9 +25,11 @@ enum class FwdVariant : int {
   kSerialPingpong = 3,
   kOverlap3 = 4,
   kPersistent = 5,
-  kDefault = 6
+  kWideKeys = 6,  // overlap + pingpong with 176-key blocks at head dim 128 (FA3's non-causal
+                  // tile); only in builds with -DJAXATTN_FWD_WIDE_KEYS, else the default
+  kDefault = 7
 };
-constexpr int kNumFwdVariants = 6;  // the explicit ones
+constexpr int kNumFwdVariants = 7;  // the explicit ones
 
 // Launches the forward for one head dim / element type; `p` already validated.
 // Masked calls (p.has_masks()) run their own instantiation whatever `variant` says.

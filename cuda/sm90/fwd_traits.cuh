@@ -20,7 +20,9 @@ namespace jaxattn::sm90 {
 //   mbarriers: q_full, k_full[s], k_empty[s], v_full[s], v_empty[s], q_empty
 // kConsumerWarpgroups = 2 (128-row tiles) everywhere; 3 (192-row tiles, 160 registers
 // per consumer thread) fits at head dim 64 only (O 32 + S 64 + P 32 registers).
-template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2>
+// kBlockN_: keys per block (0: 128 at head dims 64 / 128, 64 at 256); 176 at head dim
+// 128 is FwdVariant::kWideKeys (an experiment, built with -DJAXATTN_FWD_WIDE_KEYS).
+template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 0>
 struct FwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -29,7 +31,8 @@ struct FwdTraits {
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;  // each owns 64 query rows
   static_assert(kConsumerWarpgroups == 2 || (kConsumerWarpgroups == 3 && kHeadDim == 64), "warpgroups");
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  static constexpr int kBlockN = kBlockN_ ? kBlockN_ : kHeadDim <= 128 ? 128 : 64;
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "key block: whole k-steps of the PV wgmma, one TMA box");
   static constexpr int kStages = kHeadDim <= 64 ? 3 : 2;  // (3 at head dim 128: no faster, session 5)
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // 24*128 + 240*256 = 64512 and 24*128 + 160*384 = 64512 <= 65536

@@ -46,6 +46,7 @@ static const char* variant_name(FwdVariant v) {
     case FwdVariant::kSerialPingpong: return "ser+pp";
     case FwdVariant::kOverlap3: return "ovl 3wg";
     case FwdVariant::kPersistent: return "persist";
+    case FwdVariant::kWideKeys: return "wide-n";
     default: return "default";
   }
 }
