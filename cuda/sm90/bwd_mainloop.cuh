@@ -332,7 +332,9 @@ struct BwdMainloop {
         issue_abT(dp, v_rows, kBlockN * 128, do_tile);
         hptx::wgmma_commit();
         pass_turn(wg);
+#ifndef JAXATTN_EXP_BWD_LATE_PREFETCH
         prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next);
+#endif
         mask.load_ids(q_base, t);
 
         // P^T once S^T is in.
@@ -378,6 +380,11 @@ struct BwdMainloop {
         store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
+#ifdef JAXATTN_EXP_BWD_LATE_PREFETCH  // measurement switch: the next step's lse / D loads
+        // issued after this step's last shared-memory fence (that fence waited for
+        // them: Nsight Compute shows it stalled on the long scoreboard, session 5)
+        prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next);
+#endif
         if (tid == 0) {
           // Deterministic mode: key block n adds after blocks 0 .. n-1 (two warpgroup
           // adds each, to different columns) and waits for its own add to land before
