@@ -149,6 +149,19 @@ struct BwdMainloop {
     }
   }
 
+  // As issue_abT with A (this warpgroup's 64 K or V rows) from registers
+  // (load_a_frags_sw128): only B is read from shared memory.
+  __device__ __forceinline__ static void issue_abT_rs(float (&acc)[kSRegs], const uint32_t (&a)[kHeadDim / 4],
+                                                      uint32_t b_tile) {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t col = kk / 4, off = (kk % 4) * 32;
+      const uint64_t db = hptx::make_desc_sw128(b_tile + col * kBlockM * 128 + off, 16, 1024);
+      const uint32_t f[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
+      hptx::wgmma_rs<Elem, kBlockM, 0>(acc, f, db, kk > 0 ? 1 : 0);
+    }
+  }
+
   // acc(64 keys x H) += A(64 keys x kBlockM, registers) B(kBlockM x H: the Q or dO tile, MN-major).
   __device__ __forceinline__ static void issue_acc_rs(float (&acc)[kAccRegs], const uint32_t (&a)[kPRegs],
                                                       uint32_t b_tile) {
@@ -309,6 +322,18 @@ struct BwdMainloop {
     if (tile.m_begin < tile.m_end) load_step_stats(args, tile, 0, tile.m_begin, lane, lse_next, dps_next);
 
     hptx::mbar_wait(sm.bar_kv(), 0);
+#ifdef JAXATTN_EXP_BWD64_KV_REGS  // measurement switch: K / V as register A operands at H=64
+    // S^T = K Q^T and dP^T = V dO^T take this warpgroup's K / V rows from registers
+    // (2 x 16 registers at head dim 64), halving their shared-memory reads.
+    constexpr bool kKvRegs = kHeadDim == 64;
+#else
+    constexpr bool kKvRegs = false;
+#endif
+    uint32_t k_frag[kKvRegs ? kHeadDim / 4 : 1], v_frag[kKvRegs ? kHeadDim / 4 : 1];
+    if constexpr (kKvRegs) {
+      load_a_frags_sw128<kHeadDim>(k_frag, k_rows, kBlockN * 128, warp, lane);
+      load_a_frags_sw128<kHeadDim>(v_frag, v_rows, kBlockN * 128, warp, lane);
+    }
     Pipe pipe;
     int ds_buf = 0;
     // Pingpong: warpgroup 0 has the first turn; warpgroup 1 skips handing over the
@@ -327,9 +352,11 @@ struct BwdMainloop {
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
         take_turn(wg);
         hptx::wgmma_fence();
-        issue_abT(s, k_rows, kBlockN * 128, q_tile);
+        if constexpr (kKvRegs) issue_abT_rs(s, k_frag, q_tile);
+        else issue_abT(s, k_rows, kBlockN * 128, q_tile);
         hptx::wgmma_commit();
-        issue_abT(dp, v_rows, kBlockN * 128, do_tile);
+        if constexpr (kKvRegs) issue_abT_rs(dp, v_frag, do_tile);
+        else issue_abT(dp, v_rows, kBlockN * 128, do_tile);
         hptx::wgmma_commit();
         pass_turn(wg);
 #ifndef JAXATTN_EXP_BWD_LATE_PREFETCH

@@ -1,6 +1,6 @@
 // Writing wgmma accumulator tiles into 128B-swizzled shared memory (the layout TMA
 // stores and wgmma descriptors read): shared by the forward and backward epilogues
-// and the backward's dS / dQ staging.
+// and the backward's dS / dQ staging; and reading a tile back as wgmma A fragments.
 //
 // A chunked tile is [chunks][rows][128 bytes]: chunk c at rows_addr + c * chunk_stride,
 // row r at + r * 128, and the 16-byte unit u of a row stored at unit u ^ (r % 8).
@@ -59,6 +59,26 @@ __device__ __forceinline__ void store_acc_f32_sw128(const float (&acc)[kCols / 2
                    "f"(acc[4 * j + 2 * h + 1])
                    : "memory");
     }
+  }
+}
+
+// The register A fragments (m64 x k16, K-major) of a warpgroup's 64 rows of a 16-bit
+// chunked tile, kCols columns: frag[4 kk + i] for k-step kk, in the layout of an
+// m16n8k16 A fragment per warp (the one convert_p gives: rows g / g + 8, columns 2 t
+// and 2 t + 8 of the step). rows_addr: the warpgroup's row 0. ldmatrix.x4: lanes
+// 8 m .. 8 m + 7 address matrix m (rows + 8 when m is odd, columns + 8 when m >= 2).
+template <int kCols>
+__device__ __forceinline__ void load_a_frags_sw128(uint32_t (&frag)[kCols / 4], uint32_t rows_addr,
+                                                   uint32_t chunk_stride, int warp, int lane) {
+  const int m = lane / 8, r = 16 * warp + lane % 8 + (m & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < kCols / 16; ++kk) {
+    const int u = 2 * kk + (m >> 1);  // 16-byte unit of the tile row
+    const uint32_t addr = rows_addr + (u / 8) * chunk_stride + r * 128 + (((u % 8) ^ (r % 8)) * 16);
+    uint32_t x[4];
+    ptx::ldmatrix_x4(x, addr);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) frag[4 * kk + i] = x[i];
   }
 }
 
