@@ -109,16 +109,14 @@ cuda::LaunchStatus run_schedule(const AttnParams& p, cudaStream_t stream, FwdVar
       return launch_schedule<Tr, true, true, false>(p, stream);
     case FwdVariant::kSerialPingpong:
       return launch_schedule<Tr, false, true, false>(p, stream);
-    case FwdVariant::kOverlap3:
-      if constexpr (kHeadDim == 64) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, false>(p, stream);
-      [[fallthrough]];
-    case FwdVariant::kWideKeys:
+    case FwdVariant::kWideKeys:  // (without the build switch, or at other head dims: the default schedule)
 #ifdef JAXATTN_FWD_WIDE_KEYS
       if constexpr (kHeadDim == 128)
-        if (variant == FwdVariant::kWideKeys)
-          return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 176>, true, true, false>(p, stream);
+        return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 176>, true, true, false>(p, stream);
 #endif
-      if (variant == FwdVariant::kWideKeys) return run_schedule<kHeadDim, Elem>(p, stream, default_variant(kHeadDim, p.is_causal, p.seqlen_q));
+      return run_schedule<kHeadDim, Elem>(p, stream, default_variant(kHeadDim, p.is_causal, p.seqlen_q));
+    case FwdVariant::kOverlap3:
+      if constexpr (kHeadDim == 64) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, false>(p, stream);
       [[fallthrough]];
     default:
       return launch_schedule<Tr, true, false, false>(p, stream);
