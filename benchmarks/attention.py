@@ -348,8 +348,8 @@ def build_function(jax, jnp, jaxattn, impl: str, row: dict, jaxattn_impl):
     return fn
 
 
-def measure(jax, fn, arg_sets, reps: int, warmup: int) -> tuple[dict, object]:
-    """Compiles fn, runs it `warmup` times, then times `reps` runs. Returns (stats, first output).
+def prepare(jax, fn, arg_sets, warmup: int) -> tuple[dict, object]:
+    """Compiles fn and runs it `warmup` times. Returns (timer state for sample(), first output).
 
     Raises with `phase` set on the exception: lower, compile or run.
     """
@@ -374,28 +374,49 @@ def measure(jax, fn, arg_sets, reps: int, warmup: int) -> tuple[dict, object]:
         jax.block_until_ready(compiled(*arg_sets[0]))
         one = max(time.perf_counter() - t, 1e-6)
         inner = int(min(20, max(1, round(5e-3 / one))))
-        times = []
-        for i in range(reps):
-            t = time.perf_counter()
-            outs = [compiled(*arg_sets[(i * inner + j) % n]) for j in range(inner)]
-            jax.block_until_ready(outs)
-            times.append((time.perf_counter() - t) / inner)
-            del outs
     except Exception as e:  # noqa: BLE001
         e.phase = phase  # type: ignore[attr-defined]
         raise
-    ms = sorted(x * 1e3 for x in times)
-    stats = {
+    state = {"compiled": compiled, "inner": inner, "times": [], "compile_s": round(t1 - t0, 3),
+             "first_run_s": round(t2 - t1, 4), "input_sets": len(arg_sets)}
+    return state, first
+
+
+def sample(jax, state: dict, arg_sets, i: int) -> None:
+    """One timed sample (`inner` back-to-back calls, one sync) appended to state["times"]."""
+    compiled, inner, n = state["compiled"], state["inner"], len(arg_sets)
+    try:
+        t = time.perf_counter()
+        outs = [compiled(*arg_sets[(i * inner + j) % n]) for j in range(inner)]
+        jax.block_until_ready(outs)
+        state["times"].append((time.perf_counter() - t) / inner)
+        del outs
+    except Exception as e:  # noqa: BLE001
+        e.phase = "run"  # type: ignore[attr-defined]
+        raise
+
+
+def stats_of(state: dict) -> dict:
+    ms = sorted(x * 1e3 for x in state["times"])
+    return {
         "median_ms": round(statistics.median(ms), 5),
         "min_ms": round(ms[0], 5),
         "max_ms": round(ms[-1], 5),
         "times_ms": [round(x, 4) for x in ms],
-        "compile_s": round(t1 - t0, 3),
-        "first_run_s": round(t2 - t1, 4),
-        "input_sets": len(arg_sets),
-        "calls_per_sample": inner,
+        "compile_s": state["compile_s"],
+        "first_run_s": state["first_run_s"],
+        "input_sets": state["input_sets"],
+        "calls_per_sample": state["inner"],
     }
-    return stats, first
+
+
+def measure(jax, fn, arg_sets, reps: int, warmup: int) -> tuple[dict, object]:
+    """Compiles fn, runs it `warmup` times, then times `reps` samples. Returns (stats, first output).
+    (run_row times its implementations round robin with prepare / sample instead.)"""
+    state, first = prepare(jax, fn, arg_sets, warmup)
+    for i in range(reps):
+        sample(jax, state, arg_sets, i)
+    return stats_of(state), first
 
 
 def make_inputs(jax, jnp, row: dict, device, n_sets: int, seed: int):
@@ -496,7 +517,26 @@ def run_row(args, jax, jnp, jaxattn, device, row: dict, idx: int) -> tuple[dict,
     except Exception as e:  # noqa: BLE001
         rec["kernel"] = "error: " + short_reason(e)
 
-    outputs = {}
+    # Every implementation is compiled and warmed up first, then timed round robin
+    # (each repetition samples each implementation once), so clock / thermal drift
+    # during the row lands on all of them alike: timed one after the other, the
+    # same kernel read up to 10% apart in one run (session 6).
+    outputs, states = {}, {}
+
+    def failed(impl, e):
+        reason = short_reason(e)
+        phase = getattr(e, "phase", "?")
+        rec["results"][impl] = {"median_ms": None, "tflops": None, "error": reason, "phase": phase}
+        if args.verbose:
+            traceback.print_exc()
+        if not is_fatal(e):
+            return False
+        rec["results"][impl]["fatal"] = True
+        for rest in args.impl_list:
+            rec["results"].setdefault(rest, {"median_ms": None, "tflops": None,
+                                             "skipped": "skipped: device in an error state"})
+        return True
+
     for impl in args.impl_list:
         if impl == "xla":
             skip = xla_skip_reason(args, row)
@@ -505,24 +545,30 @@ def run_row(args, jax, jnp, jaxattn, device, row: dict, idx: int) -> tuple[dict,
                 continue
         fn = build_function(jax, jnp, jaxattn, impl, row, jaxattn_impl)
         try:
-            stats, first = measure(jax, fn, arg_sets, args.reps, args.warmup)
+            states[impl], outputs[impl] = prepare(jax, fn, arg_sets, args.warmup)
         except Exception as e:  # noqa: BLE001
-            reason = short_reason(e)
-            phase = getattr(e, "phase", "?")
-            rec["results"][impl] = {"median_ms": None, "tflops": None, "error": reason, "phase": phase}
-            if args.verbose:
-                traceback.print_exc()
-            if is_fatal(e):
+            if failed(impl, e):
                 fatal = True
-                rec["results"][impl]["fatal"] = True
-                for rest in args.impl_list:
-                    rec["results"].setdefault(rest, {"median_ms": None, "tflops": None,
-                                                     "skipped": "skipped: device in an error state"})
                 break
+    for i in range(args.reps):
+        if fatal:
+            break
+        for impl in list(states):
+            try:
+                sample(jax, states[impl], arg_sets, i)
+            except Exception as e:  # noqa: BLE001
+                del states[impl]
+                outputs.pop(impl, None)
+                if failed(impl, e):
+                    fatal = True
+                    break
+    for impl, state in states.items():
+        if impl in rec["results"]:
             continue
+        stats = stats_of(state)
         stats["tflops"] = flops / (stats["median_ms"] * 1e-3) / 1e12
         rec["results"][impl] = stats
-        outputs[impl] = first
+    del states
 
     # Cross-check jaxattn against the first baseline that ran.
     if not args.no_check and not fatal and "jaxattn" in outputs:

@@ -46,7 +46,9 @@ auto bind_options(Binding b) {
 // after the pass's buffers and options; decoded by fill_mask_args): q_lengths,
 // kv_lengths int32 [...batch] buffers, the local window attributes (-1 =
 // unlimited), the logit soft cap (0 = off); then q_segment_ids [...batch, T]
-// and kv_segment_ids [...batch, S] int32, the dense bias (f32) and mask
+// and kv_segment_ids [...batch, S] int32 with their per-64-item (min, max)
+// tables q_segment_ranges [...batch, ceil(T / 64), 2] and kv_segment_ranges
+// [...batch, ceil(S / 64), 2] (AttnParams), the dense bias (f32) and mask
 // (pred), each broadcastable as AttnParams describes, and the flags that say
 // which of the lengths, segments, bias and mask are real (an absent one is a
 // placeholder buffer the handler does not read).
@@ -59,6 +61,8 @@ auto bind_mask_args(Binding b) {
       .template Attr<float>("softcap")
       .template Arg<ffi::Buffer<ffi::S32>>()   // q_segment_ids
       .template Arg<ffi::Buffer<ffi::S32>>()   // kv_segment_ids
+      .template Arg<ffi::Buffer<ffi::S32>>()   // q_segment_ranges
+      .template Arg<ffi::Buffer<ffi::S32>>()   // kv_segment_ranges
       .template Arg<ffi::Buffer<ffi::F32>>()   // bias
       .template Arg<ffi::Buffer<ffi::PRED>>()  // mask
       .template Attr<bool>("has_segments")

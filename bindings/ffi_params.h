@@ -189,7 +189,8 @@ inline std::string dense_dims(const AttnParams& p, ffi::AnyBuffer::Dimensions d,
 // Segment ids and the dense bias / mask (after fill_masks); each flag says
 // whether its buffers are real (else they are placeholders, not read).
 inline ffi::Error fill_dense_masks(AttnParams& p, const ffi::Buffer<ffi::S32>& q_seg,
-                                   const ffi::Buffer<ffi::S32>& kv_seg, const ffi::Buffer<ffi::F32>& bias,
+                                   const ffi::Buffer<ffi::S32>& kv_seg, const ffi::Buffer<ffi::S32>& q_seg_ranges,
+                                   const ffi::Buffer<ffi::S32>& kv_seg_ranges, const ffi::Buffer<ffi::F32>& bias,
                                    const ffi::Buffer<ffi::PRED>& mask, bool has_segments, bool has_bias,
                                    bool has_mask) {
   if (has_segments) {
@@ -199,6 +200,19 @@ inline ffi::Error fill_dense_masks(AttnParams& p, const ffi::Buffer<ffi::S32>& q
                      " and " + dims_str(kv_seg.dimensions()));
     p.q_segment_ids = q_seg.typed_data();
     p.kv_segment_ids = kv_seg.typed_data();
+    // The (min, max) tables are optional (a [1] placeholder: the kernels scan the ids).
+    const int64_t tq = (p.seqlen_q + kSegmentBlock - 1) / kSegmentBlock;
+    const int64_t ts = (p.seqlen_k + kSegmentBlock - 1) / kSegmentBlock;
+    const int64_t nq = static_cast<int64_t>(q_seg_ranges.element_count());
+    const int64_t nk = static_cast<int64_t>(kv_seg_ranges.element_count());
+    if (nq != 1 || nk != 1) {
+      if (nq != 2 * tq * p.batch || nk != 2 * ts * p.batch)
+        return invalid("segment id range tables must be int32 [batch, ceil(T / " + std::to_string(kSegmentBlock) +
+                       "), 2] and [batch, ceil(S / " + std::to_string(kSegmentBlock) + "), 2], got " +
+                       dims_str(q_seg_ranges.dimensions()) + " and " + dims_str(kv_seg_ranges.dimensions()));
+      p.q_segment_ranges = q_seg_ranges.typed_data();
+      p.kv_segment_ranges = kv_seg_ranges.typed_data();
+    }
   }
   if (has_bias) {
     const std::string why = dense_dims(p, bias.dimensions(), p.bias_dims);
@@ -218,11 +232,13 @@ inline ffi::Error fill_dense_masks(AttnParams& p, const ffi::Buffer<ffi::S32>& q
 inline ffi::Error fill_mask_args(AttnParams& p, const ffi::Buffer<ffi::S32>& q_lengths,
                                  const ffi::Buffer<ffi::S32>& kv_lengths, int32_t window_left, int32_t window_right,
                                  float softcap, const ffi::Buffer<ffi::S32>& q_seg, const ffi::Buffer<ffi::S32>& kv_seg,
+                                 const ffi::Buffer<ffi::S32>& q_seg_ranges, const ffi::Buffer<ffi::S32>& kv_seg_ranges,
                                  const ffi::Buffer<ffi::F32>& bias, const ffi::Buffer<ffi::PRED>& mask,
                                  bool has_segments, bool has_bias, bool has_mask, bool has_lengths) {
   if (auto e = fill_masks(p, q_lengths, kv_lengths, has_lengths, window_left, window_right, softcap); e.failure())
     return e;
-  return fill_dense_masks(p, q_seg, kv_seg, bias, mask, has_segments, has_bias, has_mask);
+  return fill_dense_masks(p, q_seg, kv_seg, q_seg_ranges, kv_seg_ranges, bias, mask, has_segments, has_bias,
+                          has_mask);
 }
 
 // The backward's dbias result (after fill_dense_masks): the bias's shape when

@@ -35,12 +35,36 @@ def _forward(target: str, q, k, v, scale: float, is_causal: bool, *operands, **e
     )
 
 
+# Items per entry of the segment-id (min, max) tables (cuda/common/params.h kSegmentBlock).
+SEGMENT_BLOCK = 64
+
+
+def segment_ranges(ids):
+    """(min, max) of each block of SEGMENT_BLOCK consecutive segment ids:
+    int32 [..., ceil(L / SEGMENT_BLOCK), 2] from ids [..., L] (the last block may
+    be short). The CUDA kernels read these L / 64 pairs to find the keys
+    (queries) a tile's documents can see instead of scanning all L ids. Only the
+    last axis is sliced, so the batch may be sharded."""
+    ids = ids.astype(jnp.int32)
+    length = ids.shape[-1]
+    full = length // SEGMENT_BLOCK
+    parts = []
+    if full:
+        tiles = ids[..., :full * SEGMENT_BLOCK].reshape(ids.shape[:-1] + (full, SEGMENT_BLOCK))
+        parts.append(jnp.stack([tiles.min(axis=-1), tiles.max(axis=-1)], axis=-1))
+    if length > full * SEGMENT_BLOCK:
+        tail = ids[..., full * SEGMENT_BLOCK:]
+        parts.append(jnp.stack([tail.min(axis=-1), tail.max(axis=-1)], axis=-1)[..., None, :])
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-2)
+
+
 def _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids, kv_segment_ids, bias, mask):
     """The masking operands and attributes every target takes (CPU and CUDA
     alike; bindings/ffi_bindings.h bind_mask_args): lengths int32 [B] (a
     missing one of the two is the full length; a placeholder [1] when neither),
     segment ids int32 [B, T] / [B, S], the dense bias f32 and mask bool (a
-    placeholder [1, 1, 1, 1] when absent), with has_* False for a placeholder;
+    placeholder [1, 1, 1, 1] when absent) and the ids' (min, max) tables
+    (segment_ranges; placeholders [1] without segments), with has_* False for a placeholder;
     the window (-1: unlimited) and the soft cap (0: off)."""
     B, T, S = q.shape[0], q.shape[1], k.shape[1]
     has_lengths = q_lengths is not None or kv_lengths is not None
@@ -51,8 +75,10 @@ def _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids, 
     if kv_lengths is None:
         kv_lengths = jnp.full((B,), S, jnp.int32)
     has_segments = q_segment_ids is not None
-    if not has_segments:
-        q_segment_ids = kv_segment_ids = jnp.zeros((1,), jnp.int32)
+    if has_segments:
+        q_ranges, kv_ranges = segment_ranges(q_segment_ids), segment_ranges(kv_segment_ids)
+    else:
+        q_segment_ids = kv_segment_ids = q_ranges = kv_ranges = jnp.zeros((1,), jnp.int32)
     has_bias, has_mask = bias is not None, mask is not None
     bias = jnp.zeros((1, 1, 1, 1), jnp.float32) if bias is None else bias.astype(jnp.float32)
     mask = jnp.ones((1, 1, 1, 1), jnp.bool_) if mask is None else mask.astype(jnp.bool_)
@@ -62,7 +88,7 @@ def _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids, 
              "has_segments": has_segments, "has_bias": has_bias, "has_mask": has_mask,
              "has_lengths": has_lengths}
     operands = (q_lengths.astype(jnp.int32), kv_lengths.astype(jnp.int32), q_segment_ids.astype(jnp.int32),
-                kv_segment_ids.astype(jnp.int32), bias, mask)
+                kv_segment_ids.astype(jnp.int32), q_ranges, kv_ranges, bias, mask)
     return operands, attrs
 
 

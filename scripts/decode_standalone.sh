@@ -4,18 +4,22 @@
 # default), then: ptxas registers/spills per decode kernel, SASS health of
 # version 2 (LDGSTS = cp.async, HMMA = tensor cores, LDL/STL = local memory),
 # compute-sanitizer memcheck and racecheck on the quick cases (when the tool
-# exists), and the full check against float64 (v1, v2 with the old and the new
-# loader) plus the bandwidth tables: the issue-9 rows (paged, page 64,
-# B=16/32/64 x L=4K/16K/64K) for v1 and both v2 loaders, the same bytes
-# through an identity page table and as a contiguous cache, a loader ablation,
-# and last the short old-vs-new table of the paged bar. The last lines printed
-# are the results (~60-90 s on an H200).
+# exists), and the full check against float64 (v1, v2 with the old, the
+# default and every loader bit, and issue 9's short-context variants kV2Short,
+# kV2Short without cluster merge, kV2ShortLong) plus the bandwidth tables: the
+# issue-9 rows (paged, page 64, B=16/32/64 x L=4K/16K/64K), the default next
+# to kV2Short and its neighbours (and both as contiguous caches), and last the
+# short default-vs-kV2Short table of the paged bar. The last lines printed are
+# the results (~130 s on an H200 with the sanitizers; the float64 check alone
+# takes most of a minute even with --fast).
 #
 # Usage: scripts/decode_standalone.sh [args for decode_check: --bench-only,
-#        --no-bench, --quick]
+#        --no-bench, --quick, --fast (check the default and kV2Short* only),
+#        --sweep (forced split counts on the short rows too)]
 # Env: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc), BUILD
-#      (default build/decode_standalone), ARCH (90), SANITIZE (1). With $OUT
-#      set, the logs are copied there.
+#      (default build/decode_standalone), ARCH (90), SANITIZE (1), PREBUILT (0;
+#      1: run the checker already in $BUILD, e.g. built on a machine without a
+#      GPU and carried over). With $OUT set, the logs are copied there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +30,9 @@ mkdir -p "$BUILD"
 FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -Icuda -Itests/cuda -gencode "arch=compute_${ARCH},code=sm_${ARCH}")
 
 t0=$(date +%s)
+if [ "${PREBUILT:-0}" = 1 ] && [ -x "$BUILD/decode_check" ]; then
+  echo "build: skipped (PREBUILT=1: $BUILD/decode_check and its ptxas logs as they are)"
+else
 pids=()
 for src in cuda/decode/launch_decode.cu cuda/decode/launch_decode_v2.cu tests/cuda/decode_check.cu; do
   obj="$BUILD/$(basename "${src%.cu}").o"
@@ -38,6 +45,7 @@ if [ $fail = 1 ]; then cat "$BUILD"/*.o.log; echo "BUILD FAILED"; exit 1; fi
 "$NVCC" -gencode "arch=compute_${ARCH},code=sm_${ARCH}" "$BUILD"/launch_decode.o "$BUILD"/launch_decode_v2.o \
   "$BUILD"/decode_check.o -o "$BUILD/decode_check"
 echo "build: $(( $(date +%s) - t0 )) s"
+fi
 
 echo "== ptxas: registers, stack and spills per decode kernel"
 cat "$BUILD"/launch_decode*.o.log | grep -E "Compiling entry|Used [0-9]+ registers|spill" |

@@ -130,6 +130,9 @@ step_tests() {
   eval "extra=(${PYTEST_ARGS:-})"  # shell words: PYTEST_ARGS='-k "forward and not slow"'
   cd "$RUNDIR" || return 1
   "$PY" -c 'import jaxattn; print("tests import jaxattn from", jaxattn.__file__)' 2>&1 | tee -i "$OUT/tests.log"
+  # (several pytest workers share the GPU: none may preallocate 75% of it; session 6
+  # lost two runs to that)
+  XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false} \
   "$PY" -m pytest "$REPO/tests" -q -rs -p no:cacheprovider --rootdir "$REPO" \
     --junitxml "$OUT/tests.xml" ${marks[@]+"${marks[@]}"} ${extra[@]+"${extra[@]}"} 2>&1 \
     | tee -i -a "$OUT/tests.log"

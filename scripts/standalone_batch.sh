@@ -10,7 +10,7 @@
 #   stripped binaries go into build/batch.tar.xz (xz finds what the binaries share:
 #   six of them, 212 MB, made 5.6 MB). Pass build/batch.tar.xz as the device call's
 #   carry.
-#   Example: scripts/standalone_batch.sh build fwd:fwd wide:fwd:-DJAXATTN_FWD_WIDE_KEYS
+#   Example: scripts/standalone_batch.sh build fwd:fwd bwd:bwd masked:masked
 # run: unpacks build/batch.tar.xz and runs each binary in turn (check against float64
 #   and bench, or whatever ARGS say), writing $OUT/NAME.txt, then prints each
 #   binary's results section. Binaries run one after another, so a later one meets a

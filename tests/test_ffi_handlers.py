@@ -22,12 +22,15 @@ def _attrs():
 
 
 def _lengths(q, k, segments=None, bias=None, mask=None):
-    """The CPU targets' mask operands: full lengths, then segment ids, bias, mask
+    """The CPU targets' mask operands: full lengths, then segment ids and their
+    (min, max) tables (segments: ids only, or ids and tables), bias, mask
     (placeholders where None)."""
     B = q.shape[0]
     none = jnp.zeros((1,), jnp.int32)
-    return (jnp.full((B,), q.shape[1], jnp.int32), jnp.full((B,), k.shape[1], jnp.int32),
-            *(segments if segments is not None else (none, none)),
+    segments = (none, none) if segments is None else tuple(segments)
+    if len(segments) == 2:
+        segments += (none, none)
+    return (jnp.full((B,), q.shape[1], jnp.int32), jnp.full((B,), k.shape[1], jnp.int32), *segments,
             jnp.zeros((1, 1, 1, 1), jnp.float32) if bias is None else bias,
             jnp.ones((1, 1, 1, 1), bool) if mask is None else mask)
 
@@ -72,6 +75,9 @@ def test_cpu_handler_rejects_bad_mask_inputs():
 @pytest.mark.parametrize("what,operands,match", [
     ("has_segments", dict(segments=(jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 4), jnp.int32))),
      r"segment ids must be int32 \[batch, T\] and \[batch, S\]"),
+    ("has_segments", dict(segments=(jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 4), jnp.int32),
+                                    jnp.zeros((2, 2, 2), jnp.int32), jnp.zeros((2, 1, 2), jnp.int32))),
+     r"segment id range tables must be int32 \[batch, ceil\(T / 64\), 2\]"),
     ("has_bias", dict(bias=jnp.zeros((2, 2, 4, 3), jnp.float32)), r"bias dims \[2, 2, 4, 3\] do not broadcast"),
     ("has_bias", dict(bias=jnp.zeros((4, 3), jnp.float32)), r"bias must have rank >= 4"),
     ("has_mask", dict(mask=jnp.ones((3, 1, 1, 1, 1), bool)), r"mask leading dimensions .* do not divide the batch 2"),

@@ -836,3 +836,17 @@ def test_bias_gradient_only_when_differentiated():
         want = jax.grad(f("reference"), argnums=argnums)(q, bias)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("length", [1, 63, 64, 65, 200])
+def test_segment_ranges_table(length):
+    """The (min, max) per 64 ids that the CUDA kernels read (unsorted ids, a short last block)."""
+    from jaxattn._ffi_calls import SEGMENT_BLOCK, segment_ranges
+    ids = np.random.default_rng(length).integers(-5, 9, (3, length)).astype(np.int32)
+    got = np.asarray(segment_ranges(jnp.asarray(ids)))
+    blocks = -(-length // SEGMENT_BLOCK)
+    assert got.shape == (3, blocks, 2) and got.dtype == np.int32
+    for t in range(blocks):
+        chunk = ids[:, t * SEGMENT_BLOCK:(t + 1) * SEGMENT_BLOCK]
+        np.testing.assert_array_equal(got[:, t, 0], chunk.min(axis=1))
+        np.testing.assert_array_equal(got[:, t, 1], chunk.max(axis=1))

@@ -49,6 +49,8 @@ struct MaskView {
   bool causal;
   const int32_t* q_seg;   // segment ids of row b ([T]), or null
   const int32_t* kv_seg;  // [S], or null
+  const int2* q_seg_ranges;   // (min, max) id per kSegmentBlock queries of row b, or null
+  const int2* kv_seg_ranges;  // per kSegmentBlock keys, or null
   const float* bias;      // dense bias (f32, AttnParams::bias), or null
   DenseIndex bias_at;
   const bool* dense;      // dense mask (true = attend, AttnParams::mask), or null
@@ -65,6 +67,10 @@ struct MaskView {
     m.causal = p.is_causal;
     m.q_seg = p.q_segment_ids ? p.q_segment_ids + int64_t(b) * T : nullptr;
     m.kv_seg = p.q_segment_ids ? p.kv_segment_ids + int64_t(b) * S : nullptr;
+    const bool tables = p.q_segment_ids && p.q_segment_ranges && p.kv_segment_ranges;
+    const int tq = (T + kSegmentBlock - 1) / kSegmentBlock, ts = (S + kSegmentBlock - 1) / kSegmentBlock;
+    m.q_seg_ranges = tables ? reinterpret_cast<const int2*>(p.q_segment_ranges) + int64_t(b) * tq : nullptr;
+    m.kv_seg_ranges = tables ? reinterpret_cast<const int2*>(p.kv_segment_ranges) + int64_t(b) * ts : nullptr;
     m.bias = p.bias;
     m.bias_at = DenseIndex::of(p.bias_dims, p.batch, b);
     m.dense = p.mask;
@@ -219,12 +225,64 @@ __device__ inline int2 cta_id_span(const int32_t* ids, int lo, int hi, int vmin,
   return l >= f ? make_int2(f, l + 1) : make_int2(0, 0);
 }
 
+// The table form of cta_segment_span (AttnParams::q_segment_ranges): [x, y) within
+// [lo, hi), the blocks of kSegmentBlock other-side items whose (min, max) id range
+// meets the id range of the own items' blocks covering [own0, own_end) (first to
+// last, clipped to [lo, hi)); (0, 0) when none. A superset of the exact scan's
+// answer, block-aligned (the kernels round out to their own blocks anyway; the
+// per-element id compare still decides). Each warp computes it alone, with no
+// shared memory and no barrier, and the own and the first 8 x 32 other entries
+// load together: one L2 round trip up to S = 16K (longer rows add one per 16K).
+// Every lane of the warp calls it.
+__device__ inline int2 warp_table_span(const int2* own, int own0, int own_end, const int2* other, int lo, int hi) {
+  constexpr int kUnroll = 8;
+  const int lane = int(threadIdx.x % 32);
+  const int ob0 = own0 / kSegmentBlock, ob1 = own_end > own0 ? (own_end - 1) / kSegmentBlock + 1 : ob0;
+  const int b0 = lo / kSegmentBlock, b1 = hi > lo ? (hi - 1) / kSegmentBlock + 1 : b0;
+  int2 mine = ob0 + lane < ob1 ? __ldg(own + ob0 + lane) : make_int2(0x7fffffff, int(0x80000000));
+  int2 r[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) r[u] = b0 + lane + 32 * u < b1 ? __ldg(other + b0 + lane + 32 * u) : int2{};
+  for (int b = ob0 + lane + 32; b < ob1; b += 32) {  // (own tiles of > 32 blocks only)
+    const int2 x = __ldg(own + b);
+    mine.x = min(mine.x, x.x);
+    mine.y = max(mine.y, x.y);
+  }
+  const int vmin = __reduce_min_sync(0xffffffffu, mine.x), vmax = __reduce_max_sync(0xffffffffu, mine.y);
+  int first = 0x7fffffff, last = -1;
+  for (int base = b0 + lane;; base += 32 * kUnroll) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int blk = base + 32 * u;
+      if (blk < b1 && r[u].x <= vmax && r[u].y >= vmin) {
+        first = min(first, blk);
+        last = max(last, blk);
+      }
+    }
+    if (base - lane + 32 * kUnroll >= b1) break;  // (warp-uniform)
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int blk = base + 32 * kUnroll + 32 * u;
+      r[u] = blk < b1 ? __ldg(other + blk) : int2{};
+    }
+  }
+  first = __reduce_min_sync(0xffffffffu, first);
+  last = __reduce_max_sync(0xffffffffu, last);
+  return last >= 0 && vmin <= vmax ? make_int2(max(lo, first * kSegmentBlock), min(hi, (last + 1) * kSegmentBlock))
+                                   : make_int2(0, 0);
+}
+
 // `range` (indices of the other side: keys, or queries) narrowed to the items
 // whose segment ids fall in the id range of the CTA's own items [own0, own_end);
 // unchanged without segment ids (own_seg null). Every thread of the CTA calls it.
-__device__ inline int2 cta_segment_span(int2 range, const int32_t* own_seg, int own0, int own_end,
-                                        const int32_t* other_seg, int* red) {
+// With the range tables (both non-null) it reads S / kSegmentBlock id pairs per
+// warp and no barrier (a superset, block-aligned: the per-element id compare
+// still decides); without them it scans the ids exactly (3 barriers, up to S ids).
+__device__ inline int2 cta_segment_span(int2 range, const int32_t* own_seg, const int2* own_ranges, int own0,
+                                        int own_end, const int32_t* other_seg, const int2* other_ranges, int* red) {
   if (own_seg == nullptr) return range;
+  if (own_ranges != nullptr && other_ranges != nullptr)
+    return warp_table_span(own_ranges, own0, own_end, other_ranges, range.x, range.y);
   const int2 ids = cta_id_range(own_seg, own0, own_end, red);
   return cta_id_span(other_seg, range.x, range.y, ids.x, ids.y, red);
 }

@@ -15,6 +15,10 @@ enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 // query block of any backward kernel).
 constexpr int kDqSemaphoreRows = 32;
 
+// Items (queries or keys) per entry of the segment-id range tables
+// (AttnParams::q_segment_ranges / kv_segment_ranges).
+constexpr int kSegmentBlock = 64;
+
 struct AttnParams {
   // ---- sizes ------------------------------------------------------------
   // batch folds every leading dimension of the buffers (vmap adds some).
@@ -47,6 +51,13 @@ struct AttnParams {
   // query i sees key j only when q_segment_ids[b, i] == kv_segment_ids[b, j].
   const int32_t* q_segment_ids = nullptr;
   const int32_t* kv_segment_ids = nullptr;
+  // Optional, with the segment ids: (min, max) id of each block of
+  // kSegmentBlock consecutive queries / keys, int32 [batch, ceil(T / 64), 2] /
+  // [batch, ceil(S / 64), 2] (jaxattn computes them; null = absent). With them
+  // a CTA finds the keys (queries) its rows' documents can see by reading
+  // S / 64 pairs instead of scanning S ids (common/mask.cuh cta_segment_span).
+  const int32_t* q_segment_ranges = nullptr;
+  const int32_t* kv_segment_ranges = nullptr;
   // Dense additive bias (f32) and boolean mask (true = attend), each a
   // contiguous array of dims [E, Bb, Nb, Tb, Sb] read broadcast against
   // [batch, N, T, S]: the folded batch is E * (batch / E) entries (E folds

@@ -24,7 +24,15 @@
 // the end the warps are merged through shared memory (aliasing the ring).
 // One chunk: o and lse are written directly; several: the normalised partial
 // output and its logsumexp go to the split workspace and
-// decode_combine_kernel (decode_common.cuh) merges them.
+// decode_combine_kernel (decode_common.cuh) merges them, or (plan.cluster,
+// sm_90+) the chunks of one (row, KV head, row block) are one thread block
+// cluster and merge through distributed shared memory (no combine kernel).
+//
+// plan.refill (issue 9): the ring stage of tile t is refilled with tile
+// t + kStages right after every warp is done with tile t (a second barrier per
+// tile), so kStages tiles are in flight while the CTA waits for the next one
+// (kStages - 1 without it: the stage freed by tile t - 1 is refilled only
+// after tile t has landed).
 #pragma once
 
 #include "common/ptx.h"
@@ -67,11 +75,42 @@ struct MmaLayout {
   // results; then Q and the chunk's page ids.
   static constexpr int kRingBytes = kStages * 2 * kTileElems * 2;
   static constexpr int kMergeBytes = kWarps * kRows * (H + 4) * 4 + 2 * kWarps * kRows * 4 + kRows * 4;
-  static constexpr int kFirstBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+  // plan.cluster: after the merge buffers, the CTA's normalised partial output
+  // [kRows][H] and logsumexp [kRows] (read by the cluster's other CTAs), and
+  // the merge weights [kRows][kMaxClusterSplits] (local).
+  static constexpr int kPartOffset = (kMergeBytes + 15) / 16 * 16;
+  static constexpr int kPartBytes = (kRows * H + kRows + kRows * kMaxClusterSplits) * 4;
+  static constexpr int kFirstBytes =
+      kRingBytes > kPartOffset + kPartBytes ? kRingBytes : kPartOffset + kPartBytes;
   static constexpr int kQOffset = kFirstBytes;
   static constexpr int kPagesOffset = kQOffset + kRows * kPitch * 2;
   static constexpr int kSmemBytes = kPagesOffset + kMaxChunkPages * 4;
 };
+
+// Thread block cluster helpers (sm_90+; the host selects plan.cluster only
+// where the kernel was compiled for sm_90 or later).
+__device__ __forceinline__ void cluster_sync_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// The float at shared-memory address `addr` (this CTA's layout) of the
+// cluster's CTA `rank`.
+__device__ __forceinline__ float ld_cluster_f32(uint32_t addr, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+#else
+  __trap();
+  return 0.f;
+#endif
+}
 
 template <int H, bool kBf16>
 __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
@@ -84,7 +123,8 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   Elem* q_s = reinterpret_cast<Elem*>(smem + L::kQOffset);
   int32_t* pages_s = reinterpret_cast<int32_t*>(smem + L::kPagesOffset);
 
-  const int rb = blockIdx.x % plan.row_blocks, split = blockIdx.x / plan.row_blocks;
+  const int rb = plan.cluster ? blockIdx.x / plan.splits : blockIdx.x % plan.row_blocks;
+  const int split = plan.cluster ? blockIdx.x % plan.splits : blockIdx.x / plan.row_blocks;
   const int kh = blockIdx.y, b = blockIdx.z;
   const int T = p.seqlen_q, G = p.num_heads / p.num_heads_k, K = p.num_heads_k;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -245,14 +285,19 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   const uint32_t v_lane =
       ptx::smem_addr(ring) + (L::kTileElems + warp * 16 * kPitch) * 2 + sm80::lane_offset_a<kPitch>(lane);
 
+  // Tiles in the ring before the loop: kStages - 1, or every stage (refill).
+  const bool refill = plan.refill;
+  const int ahead = refill ? kStages : kStages - 1;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_tiles) load_tile(s);
-    ptx::cp_async_commit();
+  for (int s = 0; s < kStages; ++s) {
+    if (s < ahead) {
+      if (s < num_tiles) load_tile(s);
+      ptx::cp_async_commit();
+    }
   }
-  // Tiles kStages - 1 .. kStages - 2 + prefetch into L2; later, each loop step
+  // Tiles ahead .. ahead - 1 + prefetch into L2; later, each loop step
   // prefetches the tile `prefetch` beyond the one it loads (each tile once).
-  for (int t = kStages - 1; t < min(num_tiles, kStages - 1 + prefetch); ++t) prefetch_tile(t);
+  for (int t = ahead; t < min(num_tiles, ahead + prefetch); ++t) prefetch_tile(t);
   // plan.touch: the first line of every page of the chunk (after the first
   // copies, so they are not delayed).
   if (paged && plan.touch) {
@@ -263,11 +308,16 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     }
   }
   for (int tile = 0; tile < num_tiles; ++tile) {
-    ptx::cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile `tile` is in; every warp is done with tile - 1
-    if (tile + kStages - 1 < num_tiles) load_tile(tile + kStages - 1);
-    ptx::cp_async_commit();
-    if (prefetch > 0 && tile + kStages - 1 + prefetch < num_tiles) prefetch_tile(tile + kStages - 1 + prefetch);
+    if (refill) {
+      ptx::cp_async_wait<kStages - 1>();  // groups: kStages before the loop + one per step
+      __syncthreads();  // tile `tile` is in
+    } else {
+      ptx::cp_async_wait<kStages - 2>();
+      __syncthreads();  // tile `tile` is in; every warp is done with tile - 1
+      if (tile + kStages - 1 < num_tiles) load_tile(tile + kStages - 1);
+      ptx::cp_async_commit();
+    }
+    if (prefetch > 0 && tile + ahead + prefetch < num_tiles) prefetch_tile(tile + ahead + prefetch);
     const uint32_t stage_off = (tile % kStages) * 2 * L::kTileElems * 2;
 
     float s_acc[1][2][4];
@@ -313,6 +363,11 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     uint32_t p_frag[1][1][4];
     sm80::acc_to_a_frags<Elem, 1, 1>(s_acc, p_frag);
     sm80::gemm_rs_ab<Elem, 1, H / 8, 1, kPitch>(o_acc, p_frag, v_lane + stage_off);
+    if (refill) {
+      __syncthreads();  // every warp is done with this stage: refill it now
+      if (tile + kStages < num_tiles) load_tile(tile + kStages);
+      ptx::cp_async_commit();
+    }
   }
   ptx::cp_async_wait<0>();
   __syncthreads();  // the ring is free: the merge buffers alias it
@@ -358,6 +413,62 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   }
   __syncthreads();
   const bool direct = plan.splits == 1;
+  if (plan.cluster && !direct) {
+    // Cluster merge: every CTA publishes its normalised partial output and
+    // logsumexp in its shared memory; after the cluster barrier, CTA `split`
+    // merges elements split * kThreads + tid + k * splits * kThreads of the
+    // row block from all `splits` CTAs, and CTA 0 writes the rows' lse.
+    float* part_o = reinterpret_cast<float*>(smem + L::kPartOffset);  // [kRows][H]
+    float* part_lse = part_o + L::kRows * H;                          // [kRows] (log2)
+    float* wts = part_lse + L::kRows;                                 // [kRows][kMaxClusterSplits]
+    for (int c = tid; c < rows_here * H; c += kThreads) {
+      const int r = c / H, d = c % H;
+      float o = 0.f;
+#pragma unroll
+      for (int w = 0; w < L::kWarps; ++w) o += red_m[w * L::kRows + r] * red_o[(w * L::kRows + r) * (H + 4) + d];
+      part_o[c] = o;
+    }
+    if (tid < L::kRows) part_lse[tid] = row_lse[tid];
+    cluster_sync_all();  // every CTA's part_o / part_lse are written
+    const int S = plan.splits;
+    if (tid < rows_here) {
+      const uint32_t lse_addr = ptx::smem_addr(part_lse + tid);
+      float M = -INFINITY;
+      for (int q = 0; q < S; ++q) {
+        const float x = ld_cluster_f32(lse_addr, q);
+        wts[tid * kMaxClusterSplits + q] = x;
+        M = fmaxf(M, x);
+      }
+      float sum = 0.f;
+      for (int q = 0; q < S; ++q) {
+        const float w = M == -INFINITY ? 0.f : exp2f(wts[tid * kMaxClusterSplits + q] - M);
+        wts[tid * kMaxClusterSplits + q] = w;
+        sum += w;
+      }
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      for (int q = 0; q < S; ++q) wts[tid * kMaxClusterSplits + q] *= inv;
+      if (split == 0) {
+        const int row = r0 + tid, i = row / G, n = kh * G + row % G;
+        p.lse[(int64_t(b) * T + i) * p.num_heads + n] = sum > 0.f ? (M + log2f(sum)) * kLn2 : -INFINITY;
+      }
+    }
+    __syncthreads();  // wts
+    const uint32_t part_addr = ptx::smem_addr(part_o);
+    for (int c = split * kThreads + tid; c < rows_here * H; c += S * kThreads) {
+      const int r = c / H, d = c % H;
+      float o = 0.f;
+      for (int q = 0; q < S; ++q) {
+        const float w = wts[r * kMaxClusterSplits + q];
+        const float x = ld_cluster_f32(part_addr + c * 4, q);
+        o += w > 0.f ? w * x : 0.f;
+      }
+      const int row = r0 + r, i = row / G, n = kh * G + row % G;
+      static_cast<uint16_t*>(p.o)[b * p.o_batch_stride + i * p.o_row_stride + n * p.o_head_stride + d] =
+          to_half_bits<kBf16>(o);
+    }
+    cluster_sync_all();  // no CTA leaves while the others still read its shared memory
+    return;
+  }
   for (int c = tid; c < rows_here * H; c += kThreads) {
     const int r = c / H, d = c % H;
     float o = 0.f;

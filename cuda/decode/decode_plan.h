@@ -14,12 +14,15 @@
 namespace jaxattn::cuda::decode {
 
 constexpr int kMaxChunk = 8192;  // keys per chunk: bounds the shared page list
-constexpr int kMaxChunkPages = kMaxChunk / 16 + 1;
+// Page ids of a chunk in shared memory: kMaxChunk keys of 16-key pages from
+// any start (+1), and 2 spare so that version 2's long chunks (kV2LongChunks)
+// reach 513 pages x 64 keys >= 32K keys at page size 64.
+constexpr int kMaxChunkPages = kMaxChunk / 16 + 3;
 constexpr int kMinChunk = 256;   // keys per chunk, at least (below, the combine costs more than it gains)
 
 struct DecodePlan {
   int splits;      // chunks per (row, KV head)
-  int chunk;       // keys per chunk, <= kMaxChunk
+  int chunk;       // keys per chunk, <= kMaxChunk (version 2 with kV2LongChunks: what pages_s holds)
   int row_blocks;  // blocks of query rows (of RB rows in version 1, 16 in version 2)
   int rows;        // Tq * G
   // Version 2: each row cuts its own visible keys into `splits` chunks of a
@@ -32,7 +35,20 @@ struct DecodePlan {
   bool hoist;
   bool touch;  // one L2 prefetch per page of the chunk before the loop
   int prefetch;
+  // Version 2, short contexts (issue 9; kV2Refill / kV2Cluster in launch_decode.h).
+  // refill: a ring stage is refilled as soon as every warp is done with it
+  // (a second barrier per tile), so all kStages tiles are in flight while the
+  // CTA waits, not kStages - 1.
+  bool refill;
+  // cluster: the `splits` CTAs of one (row, KV head, row block) form a thread
+  // block cluster (sm_90+, splits <= kMaxClusterSplits; the launcher uses 2) and merge their
+  // partial outputs through distributed shared memory at the end: no split
+  // workspace round trip, no combine kernel. Grid x is then rb * splits + split
+  // (the cluster's CTAs adjacent) instead of split * row_blocks + rb.
+  bool cluster;
 };
+
+constexpr int kMaxClusterSplits = 8;  // portable cluster size
 
 inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 

@@ -50,17 +50,47 @@ constexpr int kV2Hoist = 1;
 // once instead of one page per tile (a probe of the TLB hypothesis; not in kV2New).
 constexpr int kV2Touch = 2;
 constexpr int kV2PrefetchShift = 4;
+// Short contexts (issue 9). kV2Refill: a ring stage is refilled as soon as
+// every warp is done with it (two barriers per tile), so the whole ring is in
+// flight while a CTA waits, not all but one stage (H200: no gain, not in
+// kV2Short). kV2Waves: the fewest splits giving >= 0.9 waves of CTAs over the
+// resident slots (then the fullest last wave among [s0, 2 s0]) instead of
+// >= 1.9 waves: short rows run in one wave of longer chunks (H200, forced-chunk
+// sweep: one full wave beat two or more at every short row). kV2LongChunks:
+// chunks up to what the shared page list holds at the call's page size
+// (paged) or unbounded (contiguous) instead of kMaxChunk keys. kV2Cluster: on
+// sm_90+, the 2 chunks of a (row, KV head) are one thread block cluster that
+// merges its partial outputs through distributed shared memory (no combine
+// kernel, no split workspace round trip; clusters of 3-8 lost on the H200).
+constexpr int kV2Refill = 4;
+constexpr int kV2Waves = 1 << 8;
+constexpr int kV2Cluster = 1 << 9;
+constexpr int kV2LongChunks = 1 << 10;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
-// What decode_fwd(version 2) runs: hoisted page lookups alone. H200, session 4
+// kV2Short: the short-context candidate for the default (H200 run 1 of the
+// issue-9 helper, every row configuration it runs measured there: B=16 L=4K
+// 65% -> 72% of read bandwidth, B=32 L=4K 75% -> 81%, B=16 L=16K 82% -> 85%,
+// L=64K rows and B=64 L=4K unchanged plans). kV2ShortLong adds long chunks
+// (one wave of 16K-32K-key chunks at L=16K-64K): float64-checked in part,
+// not yet timed as such.
+constexpr int kV2Short = kV2Hoist | kV2Waves | kV2Cluster;
+constexpr int kV2ShortLong = kV2Short | kV2LongChunks;
+// What decode_fwd(version 2) runs: kV2Short (session 6; before it kV2Hoist, hoisted
+// page lookups alone: -DJAXATTN_DECODE_V2_VARIANT=kV2Hoist builds that). H200, session 4
 // (scripts/decode_standalone.sh, page 64, shuffled pages, B=64 L=16K): old 58%,
 // hoist 89%, hoist + prefetch 2 78% of read bandwidth (the L2 prefetch costs
 // contiguous caches 10 points too); identity page tables ran as fast as shuffled
 // ones, so address translation was not the cost, the per-row lookups were.
 #ifndef JAXATTN_DECODE_V2_VARIANT
-#define JAXATTN_DECODE_V2_VARIANT kV2Hoist
+#define JAXATTN_DECODE_V2_VARIANT kV2Short
 #endif
 constexpr int kDecodeV2DefaultVariant = JAXATTN_DECODE_V2_VARIANT;
+
+// Tests and benchmarks: the split count version 2 would run `p` with, and
+// whether its chunks merge in a cluster (no launch; sets up the kernel's
+// shared-memory limit on first use like a launch does). 0 when version 1 would run.
+int decode_v2_plan_splits(const AttnParams& p, int forced_chunk, int variant, bool* cluster);
 
 // The two versions (decode_fwd dispatches; same contract). `variant`: kV2* bits.
 LaunchStatus decode_fwd_v1(const AttnParams& p, cudaStream_t stream, int forced_chunk);

@@ -46,17 +46,90 @@ int resident_ctas(cudaError_t* err) {
   return n;
 }
 
+// Whether decode_mma_kernel<H, kBf16> can merge its chunks in a thread block
+// cluster of `splits` CTAs on the current device (kV2Cluster): a device of
+// compute capability 9+ with cluster launch, a kernel compiled for sm_90+
+// (its PTX version: a build without sm_90 code JIT-compiles the sm_80 PTX,
+// which has no cluster code), and at least one such cluster resident at once.
+// Queried once per device and cluster size. Call after resident_ctas.
+template <int H, bool kBf16>
+bool cluster_ok(int splits) {
+  if (splits < 2 || splits > decode::kMaxClusterSplits) return false;
+  static std::atomic<int> cache[kMaxDevices][decode::kMaxClusterSplits + 1];  // 0 unknown, 1 yes, -1 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
+  const int known = cache[slot][splits].load(std::memory_order_acquire);
+  if (known != 0) return known > 0;
+  using L = decode::MmaLayout<H>;
+  auto kernel = decode::decode_mma_kernel<H, kBf16>;
+  bool ok = false, failed = false;
+  int major = 0, launch = 0;
+  cudaFuncAttributes fa{};
+  auto good = [&](cudaError_t e) { failed |= e != cudaSuccess; return e == cudaSuccess; };
+  if (good(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) && major >= 9 &&
+      good(cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, dev)) && launch &&
+      good(cudaFuncGetAttributes(&fa, kernel)) && fa.ptxVersion >= 90) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(splits, 1, 1);
+    cfg.blockDim = dim3(L::kThreads, 1, 1);
+    cfg.dynamicSmemBytes = L::kSmemBytes;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = splits;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    ok = good(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg)) && clusters > 0;
+  }
+  if (failed) cudaGetLastError();  // a failed query leaves no error behind for the next launch check
+  cache[slot][splits].store(ok ? 1 : -1, std::memory_order_release);
+  return ok;
+}
+
+// kV2Cluster merges chunks in a cluster only at this many splits: on the H200
+// clusters of 3-8 CTAs (110 KB of shared memory each, 2 per SM) ran 10-25%
+// slower than the combine kernel, 2 ran 0-7% faster.
+constexpr int kClusterSplits = 2;
+
+// kV2LongChunks: the longest chunk (keys, a multiple of 64) the kernel's
+// shared page list holds at this call's page size (a chunk may start inside a
+// page: (chunk - 1) / ps + 2 ids); unbounded for contiguous caches. Never
+// below kMaxChunk (whose 513 ids fit any page size >= 16).
+int64_t long_chunk_limit(const AttnParams& p) {
+  if (p.block_table == nullptr) return int64_t(1) << 30;
+  return std::max<int64_t>(decode::kMaxChunk, int64_t(decode::kMaxChunkPages - 2) * p.page_size / 64 * 64);
+}
+
+// set_chunks with a chunk limit of `max_chunk` keys.
+void set_chunks_max(DecodePlan& plan, int64_t span, int splits, int64_t max_chunk) {
+  plan.chunk = int(std::min<int64_t>(max_chunk, (int64_t(ceil_div(span, std::max(splits, 1))) + 63) / 64 * 64));
+  plan.splits = ceil_div(span, plan.chunk);
+}
+
 // The split count: at least ~2 waves of CTAs over the resident slots (SMs x
 // CTAs per SM): s0 = the fewest splits giving >= 1.9 waves, then among
 // [s0, 2 s0] the count whose last wave is the fullest (the fewest on a tie:
 // one split needs no combine kernel); chunks of kMinChunk..kMaxChunk keys,
 // at most the workspace's splits. A forced chunk overrides. `variant`: the
 // loader (kV2* bits), whatever the cache.
-DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant) {
+// kV2Waves: >= 0.9 waves instead of 1.9; kV2LongChunks: chunks up to
+// long_chunk_limit; kV2Cluster: plan.cluster at kClusterSplits splits where
+// cluster(splits) says yes.
+template <typename ClusterOk>
+DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant, ClusterOk cluster) {
   DecodePlan plan{};
   plan.hoist = (variant & kV2Hoist) != 0;
   plan.touch = (variant & kV2Touch) != 0;
   plan.prefetch = (variant >> kV2PrefetchShift) & 15;
+  plan.refill = (variant & kV2Refill) != 0;
+  const bool want_cluster = (variant & kV2Cluster) != 0;
+  auto finish = [&](DecodePlan& pl) {
+    pl.cluster = want_cluster && pl.splits == kClusterSplits && cluster(pl.splits);
+    return pl;
+  };
   plan.rows = p.seqlen_q * (p.num_heads / p.num_heads_k);
   plan.row_blocks = ceil_div(plan.rows, kRowsPerCta);
   const int64_t span = decode::key_span(p);
@@ -64,19 +137,21 @@ DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant
     plan.chunk = forced_chunk;
     plan.splits = ceil_div(span, forced_chunk);
     plan.adaptive = false;
-    return plan;
+    return finish(plan);
   }
   plan.adaptive = true;
   const int64_t pairs = int64_t(p.batch) * p.num_heads_k * plan.row_blocks;
-  const int lo = ceil_div(span, decode::kMaxChunk);
+  const int64_t max_chunk = (variant & kV2LongChunks) ? long_chunk_limit(p) : decode::kMaxChunk;
+  const int lo = ceil_div(span, max_chunk);
   int hi = std::min(std::max(p.num_splits, 1), ceil_div(span, decode::kMinChunk));
   if (p.split_o == nullptr || p.split_lse == nullptr) hi = 1;
   hi = std::max(hi, lo);
-  const int s0 = std::min(std::max(ceil_div(19 * int64_t(slots), 10 * pairs), lo), hi);
+  const int min_tenths = (variant & kV2Waves) ? 9 : 19;  // waves of CTAs wanted, in tenths
+  const int s0 = std::min(std::max(ceil_div(min_tenths * int64_t(slots), 10 * pairs), lo), hi);
   double best_eff = -1.0;
   for (int s = s0; s <= std::min(hi, 2 * s0); ++s) {
     DecodePlan cand = plan;
-    decode::set_chunks(cand, span, s);
+    set_chunks_max(cand, span, s, max_chunk);
     const double waves = double(pairs) * cand.splits / slots;
     const double eff = waves / std::ceil(waves);
     if (eff > best_eff + 1e-9) {
@@ -85,7 +160,7 @@ DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant
       plan.splits = cand.splits;
     }
   }
-  return plan;
+  return finish(plan);
 }
 
 template <int H, bool kBf16>
@@ -95,11 +170,29 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
   const int per_sm = resident_ctas<H, kBf16>(&err);
   if (err != cudaSuccess) return {err, "decode_mma_kernel (shared-memory attribute)"};
   if (per_sm < 0) return decode_fwd_v1(p, stream, forced_chunk);  // too little shared memory here
-  const DecodePlan plan = plan_v2(p, decode::device_sms() * per_sm, forced_chunk, variant);
+  const DecodePlan plan = plan_v2(p, decode::device_sms() * per_sm, forced_chunk, variant,
+                                  [](int s) { return cluster_ok<H, kBf16>(s); });
   if (plan.splits > std::max(p.num_splits, 1) || (plan.splits > 1 && p.split_o == nullptr))
     return {cudaErrorInvalidValue, "decode_fwd (workspace too small for the row capacity)"};
   if (p.batch > 65535 || p.num_heads_k > 65535) return {cudaErrorInvalidValue, "decode_fwd (grid too large)"};
   const dim3 grid(plan.splits * plan.row_blocks, p.num_heads_k, p.batch);
+  if (plan.cluster) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(L::kThreads, 1, 1);
+    cfg.dynamicSmemBytes = L::kSmemBytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = plan.splits;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    if (cudaError_t e = cudaLaunchKernelEx(&cfg, decode::decode_mma_kernel<H, kBf16>, p, plan); e != cudaSuccess)
+      return {e, "decode_mma_kernel (cluster launch)"};
+    return {};  // merged in the kernel
+  }
   decode::decode_mma_kernel<H, kBf16><<<grid, L::kThreads, L::kSmemBytes, stream>>>(p, plan);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {e, "decode_mma_kernel"};
   if (plan.splits == 1) return {};
@@ -115,7 +208,31 @@ LaunchStatus launch_head_dim(const AttnParams& p, cudaStream_t stream, int force
   }
 }
 
+template <int H, bool kBf16>
+int plan_splits(const AttnParams& p, int forced_chunk, int variant, bool* cluster) {
+  cudaError_t err = cudaSuccess;
+  const int per_sm = resident_ctas<H, kBf16>(&err);
+  if (err != cudaSuccess || per_sm < 0) return 0;
+  const DecodePlan plan = plan_v2(p, decode::device_sms() * per_sm, forced_chunk, variant,
+                                  [](int s) { return cluster_ok<H, kBf16>(s); });
+  *cluster = plan.cluster;
+  return plan.splits;
+}
+
 }  // namespace
+
+int decode_v2_plan_splits(const AttnParams& p, int forced_chunk, int variant, bool* cluster) {
+  *cluster = false;
+  const bool bf16 = p.dtype == DType::kBF16;
+  switch (p.head_dim) {
+    case 64: return bf16 ? plan_splits<64, true>(p, forced_chunk, variant, cluster)
+                         : plan_splits<64, false>(p, forced_chunk, variant, cluster);
+    case 128: return bf16 ? plan_splits<128, true>(p, forced_chunk, variant, cluster)
+                          : plan_splits<128, false>(p, forced_chunk, variant, cluster);
+    default: return bf16 ? plan_splits<256, true>(p, forced_chunk, variant, cluster)
+                         : plan_splits<256, false>(p, forced_chunk, variant, cluster);
+  }
+}
 
 LaunchStatus decode_fwd_v2(const AttnParams& p, cudaStream_t stream, int forced_chunk, int variant) {
   return p.dtype == DType::kBF16 ? launch_head_dim<true>(p, stream, forced_chunk, variant)

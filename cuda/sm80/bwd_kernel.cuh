@@ -82,7 +82,8 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
     // (Deterministic mode keeps the closed-form ranges: its dQ order counts
     // the key blocks visiting a query block, see dq_step.)
     if (!p.deterministic)  // (with segments: only queries whose ids fall in the block's id range)
-      rows = cta_segment_span(rows, mask.kv_seg, n0, min(n0 + kBN, mask.kv_len), mask.q_seg, red);
+      rows = cta_segment_span(rows, mask.kv_seg, mask.kv_seg_ranges, n0, min(n0 + kBN, mask.kv_len), mask.q_seg,
+                              mask.q_seg_ranges, red);
     m_first = rows.x / kBM;
     m_blocks = (rows.y + kBM - 1) / kBM;
   }

@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     __syncthreads();
     segments = mask.q_seg != nullptr;
     // (with segments: only keys whose ids fall in the block's id range)
-    const int2 keys = cta_segment_span(mask.key_range(m0, m0 + kBM), mask.q_seg, m0, min(m0 + kBM, mask.q_len),
-                                       mask.kv_seg, red);
+    const int2 keys = cta_segment_span(mask.key_range(m0, m0 + kBM), mask.q_seg, mask.q_seg_ranges, m0,
+                                       min(m0 + kBM, mask.q_len), mask.kv_seg, mask.kv_seg_ranges, red);
     n_end = keys.y;
     nb_lo = keys.x / kBN;
   }

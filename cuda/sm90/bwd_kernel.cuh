@@ -46,7 +46,8 @@ __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
 
 // kMasked: the call has mask options (window, lengths, segments, soft cap; kCausal
 // false, the causal mask is part of the MaskView): the tile's query blocks narrowed
-// to those whose rows may see one of its keys (block-wide scans: every thread calls it).
+// to those whose rows may see one of its keys (every thread computes it; K / V are
+// already loading).
 template <class Tr, bool kCausal, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const __grid_constant__ BwdParams params) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -55,13 +56,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
   BwdTile tile = bwd_tile_from_block<Tr, kCausal>(args);
   __shared__ MaskView mask_view;  // (masked only; otherwise unused, so not allocated)
   __shared__ int mask_red[2];
-  if constexpr (kMasked) {
-    if (threadIdx.x == 0) mask_view = MaskView::of(args.attn, tile.batch);
-    __syncthreads();
-    const int2 blocks = cta_query_blocks<Tr::kBlockM, Tr::kBlockN>(mask_view, tile.n_block * Tr::kBlockN, mask_red);
-    tile.m_begin = blocks.x;
-    tile.m_end = blocks.y;
-  }
   const int warpgroup = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
 
   if (threadIdx.x == 0) {
@@ -72,8 +66,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
       hptx::mbar_init(sm.bar_q_empty(s), Tr::kQEmptyArrivals);
     }
     hptx::mbar_init_fence();
+    // K / V do not depend on the query range: with masks their loads go out before
+    // it is computed, so the two latencies overlap instead of adding up.
+    if constexpr (kMasked) {
+      BwdMainloop<Tr>::load_kv(&params.tm_k, &params.tm_v, sm, tile);
+      mask_view = MaskView::of(args.attn, tile.batch);
+    }
   }
   __syncthreads();
+  if constexpr (kMasked) {
+    const int2 blocks = cta_query_blocks<Tr::kBlockM, Tr::kBlockN>(mask_view, tile.n_block * Tr::kBlockN, mask_red);
+    tile.m_begin = blocks.x;
+    tile.m_end = blocks.y;
+  }
 
   if (warpgroup == 0) {
     hptx::setmaxnreg_dec<Tr::kProducerRegs>();
@@ -82,7 +87,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
       hptx::prefetch_tmap(&params.tm_do);
       hptx::prefetch_tmap(&params.tm_k);
       hptx::prefetch_tmap(&params.tm_v);
-      BwdMainloop<Tr>::produce(&params.tm_q, &params.tm_do, &params.tm_k, &params.tm_v, sm, tile, args);
+      BwdMainloop<Tr>::produce(&params.tm_q, &params.tm_do, &params.tm_k, &params.tm_v, sm, tile, args, kMasked);
     }
   } else {
     hptx::setmaxnreg_inc<Tr::kConsumerRegs>();

@@ -107,12 +107,20 @@ struct BwdMainloop {
   };
 
   // ---- producer (one thread) ----------------------------------------------
-  __device__ static void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_do, const CUtensorMap* tm_k,
-                                 const CUtensorMap* tm_v, const BwdSmem<Tr>& sm, const BwdTile& tile,
-                                 const BwdArgs& args) {
+  // The tile's K and V blocks (complete on bar_kv).
+  __device__ static void load_kv(const CUtensorMap* tm_k, const CUtensorMap* tm_v, const BwdSmem<Tr>& sm,
+                                 const BwdTile& tile) {
     hptx::mbar_arrive_expect_tx(sm.bar_kv(), 2 * Tr::kKVBytes);
     hptx::tma_load_5d(sm.k(), tm_k, sm.bar_kv(), 0, tile.n_block * kBlockN, 0, tile.kv_head, tile.batch);
     hptx::tma_load_5d(sm.v(), tm_v, sm.bar_kv(), 0, tile.n_block * kBlockN, 0, tile.kv_head, tile.batch);
+  }
+
+  // K / V (unless kv_issued: the masked kernels issue them before their query range
+  // is known), then Q / dO step by step through the ring.
+  __device__ static void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_do, const CUtensorMap* tm_k,
+                                 const CUtensorMap* tm_v, const BwdSmem<Tr>& sm, const BwdTile& tile,
+                                 const BwdArgs& args, bool kv_issued = false) {
+    if (!kv_issued) load_kv(tm_k, tm_v, sm, tile);
     Pipe pipe;
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
@@ -322,13 +330,10 @@ struct BwdMainloop {
     if (tile.m_begin < tile.m_end) load_step_stats(args, tile, 0, tile.m_begin, lane, lse_next, dps_next);
 
     hptx::mbar_wait(sm.bar_kv(), 0);
-#ifdef JAXATTN_EXP_BWD64_KV_REGS  // measurement switch: K / V as register A operands at H=64
-    // S^T = K Q^T and dP^T = V dO^T take this warpgroup's K / V rows from registers
-    // (2 x 16 registers at head dim 64), halving their shared-memory reads.
+    // At head dim 64, S^T = K Q^T and dP^T = V dO^T take this warpgroup's K / V rows
+    // from registers (2 x 16 registers), halving their shared-memory reads: +2-8%
+    // (session 6). (At 128 / 256 the 64 / 128 registers are not there to spare.)
     constexpr bool kKvRegs = kHeadDim == 64;
-#else
-    constexpr bool kKvRegs = false;
-#endif
     uint32_t k_frag[kKvRegs ? kHeadDim / 4 : 1], v_frag[kKvRegs ? kHeadDim / 4 : 1];
     if constexpr (kKvRegs) {
       load_a_frags_sw128<kHeadDim>(k_frag, k_rows, kBlockN * 128, warp, lane);
@@ -359,9 +364,7 @@ struct BwdMainloop {
         else issue_abT(dp, v_rows, kBlockN * 128, do_tile);
         hptx::wgmma_commit();
         pass_turn(wg);
-#ifndef JAXATTN_EXP_BWD_LATE_PREFETCH
         prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next);
-#endif
         mask.load_ids(q_base, t);
 
         // P^T once S^T is in.
@@ -407,11 +410,6 @@ struct BwdMainloop {
         store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
-#ifdef JAXATTN_EXP_BWD_LATE_PREFETCH  // measurement switch: the next step's lse / D loads
-        // issued after this step's last shared-memory fence (that fence waited for
-        // them: Nsight Compute shows it stalled on the long scoreboard, session 5)
-        prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next);
-#endif
         if (tid == 0) {
           // Deterministic mode: key block n adds after blocks 0 .. n-1 (two warpgroup
           // adds each, to different columns) and waits for its own add to land before

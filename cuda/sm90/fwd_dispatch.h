@@ -26,7 +26,7 @@ enum class FwdVariant : int {
   kOverlap3 = 4,
   kPersistent = 5,
   kWideKeys = 6,  // overlap + pingpong with 176-key blocks at head dim 128 (FA3's non-causal
-                  // tile); only in builds with -DJAXATTN_FWD_WIDE_KEYS, else the default
+                  // tile); overlap + pingpong at other head dims
   kDefault = 7
 };
 constexpr int kNumFwdVariants = 7;  // the explicit ones

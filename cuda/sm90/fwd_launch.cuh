@@ -21,10 +21,14 @@ namespace jaxattn::sm90 {
 // overlap is ahead by 1-3%. At H=64 with T >= 2048, three consumer warpgroups
 // (192-row tiles) beat it: T=16K 496 vs 456 (causal 489 vs 436), T=4K 465 vs 441
 // (causal 395 vs 384); at T=1024 they lose (361 vs 370, causal 236 vs 253): fewer,
-// longer tiles. (2048 is between the measured 1024 and 4096.)
-inline FwdVariant default_variant(int head_dim, bool causal, int seqlen_q) {
-  (void)causal;
+// longer tiles. (2048 is between the measured 1024 and 4096.) At H=128 with
+// S >= 8192, 176-key blocks (kWideKeys) beat 128-key ones (session 6, round-robin
+// timing: T=16K 651 vs 629 non-causal, 623 vs 596 causal; T=4K +0.7%; T=1K -2 / -9%,
+// where fewer, longer blocks leave more of the last block masked). (8192: between
+// the measured 4096 and 16384.)
+inline FwdVariant default_variant(int head_dim, int seqlen_q, int seqlen_k) {
   if (head_dim == 64 && seqlen_q >= 2048) return FwdVariant::kOverlap3;
+  if (head_dim == 128 && seqlen_k >= 8192) return FwdVariant::kWideKeys;
   return head_dim <= 128 ? FwdVariant::kOverlapPingpong : FwdVariant::kOverlap;
 }
 
@@ -109,12 +113,10 @@ cuda::LaunchStatus run_schedule(const AttnParams& p, cudaStream_t stream, FwdVar
       return launch_schedule<Tr, true, true, false>(p, stream);
     case FwdVariant::kSerialPingpong:
       return launch_schedule<Tr, false, true, false>(p, stream);
-    case FwdVariant::kWideKeys:  // (without the build switch, or at other head dims: the default schedule)
-#ifdef JAXATTN_FWD_WIDE_KEYS
+    case FwdVariant::kWideKeys:  // (at other head dims: overlap + pingpong)
       if constexpr (kHeadDim == 128)
         return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 176>, true, true, false>(p, stream);
-#endif
-      return run_schedule<kHeadDim, Elem>(p, stream, default_variant(kHeadDim, p.is_causal, p.seqlen_q));
+      return launch_schedule<Tr, true, true, false>(p, stream);
     case FwdVariant::kOverlap3:
       if constexpr (kHeadDim == 64) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, false>(p, stream);
       [[fallthrough]];
@@ -128,7 +130,9 @@ cuda::LaunchStatus run_schedule(const AttnParams& p, cudaStream_t stream, FwdVar
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdVariant best) {
   using Tr = FwdTraits<kHeadDim, Elem>;
-  if (best == FwdVariant::kOverlapPingpong) return launch_schedule<Tr, true, true, true>(p, stream);
+  // (kWideKeys has no persistent instantiation: its persistent form is overlap + pingpong)
+  if (best == FwdVariant::kOverlapPingpong || best == FwdVariant::kWideKeys)
+    return launch_schedule<Tr, true, true, true>(p, stream);
   if constexpr (kHeadDim == 64) {
     if (best == FwdVariant::kOverlap3) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, true>(p, stream);
   }
@@ -138,7 +142,7 @@ cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdV
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant variant) {
   if (p.has_masks()) return run_masked<kHeadDim, Elem>(p, stream);
-  const FwdVariant best = default_variant(kHeadDim, p.is_causal, p.seqlen_q);
+  const FwdVariant best = default_variant(kHeadDim, p.seqlen_q, p.seqlen_k);
   if (variant == FwdVariant::kPersistent) return run_persistent<kHeadDim, Elem>(p, stream, best);
   return run_schedule<kHeadDim, Elem>(p, stream, variant == FwdVariant::kDefault ? best : variant);
 }

@@ -38,13 +38,20 @@ struct FwdMainloop {
   using Pipe = PipeState<Tr::kStages>;
 
   // ---- producer (one thread) ----------------------------------------------
-  // Loads one tile: Q, then K / V block by block through the ring (`pipe` carries
+  // The tile's Q block (completes on bar_q).
+  __device__ static void load_q(const CUtensorMap* tm_q, const FwdSmem<Tr>& sm, const FwdTile& tile) {
+    hptx::mbar_arrive_expect_tx(sm.bar_q(), Tr::kQBytes);
+    hptx::tma_load_5d(sm.q(), tm_q, sm.bar_q(), 0, tile.m_block * kBlockM, 0, tile.head, tile.batch);
+  }
+
+  // Loads one tile: Q (unless q_issued: the masked kernels issue it before their key
+  // range is known), then K / V block by block through the ring (`pipe` carries
   // the ring position from tile to tile). With a persistent grid (q_empty_phase >= 0)
   // the first kStages K / V blocks go out before Q, whose buffer holds the previous
   // tile's O until its TMA store has read it (q_empty).
   __device__ static void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                  const FwdSmem<Tr>& sm, const FwdTile& tile, int kv_head, Pipe& pipe,
-                                 int q_empty_phase = -1) {
+                                 int q_empty_phase = -1, bool q_issued = false) {
     auto load_kv = [&](int n) {
       hptx::mbar_wait(sm.bar_k_empty(pipe.stage), pipe.phase ^ 1);
       hptx::mbar_arrive_expect_tx(sm.bar_k_full(pipe.stage), Tr::kKVBytes);
@@ -59,8 +66,7 @@ struct FwdMainloop {
       for (; n < tile.n_blocks && n < tile.n_begin + Tr::kStages; ++n) load_kv(n);
       hptx::mbar_wait(sm.bar_q_empty(), (uint32_t)q_empty_phase ^ 1);
     }
-    hptx::mbar_arrive_expect_tx(sm.bar_q(), Tr::kQBytes);
-    hptx::tma_load_5d(sm.q(), tm_q, sm.bar_q(), 0, tile.m_block * kBlockM, 0, tile.head, tile.batch);
+    if (!q_issued) load_q(tm_q, sm, tile);
     for (; n < tile.n_blocks; ++n) load_kv(n);
   }
 
@@ -138,7 +144,10 @@ struct FwdMainloop {
 #pragma unroll
     for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
     softmax.init();
-    if (kMasked && tile.empty()) return;
+    if (kMasked && tile.empty()) {  // (its Q load was issued before the range was known)
+      hptx::mbar_wait(sm.bar_q(), q_phase);
+      return;
+    }
     float s[kSRegs];
     uint32_t p[kPRegs];
     float alpha[2];

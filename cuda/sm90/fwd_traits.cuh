@@ -21,7 +21,7 @@ namespace jaxattn::sm90 {
 // kConsumerWarpgroups = 2 (128-row tiles) everywhere; 3 (192-row tiles, 160 registers
 // per consumer thread) fits at head dim 64 only (O 32 + S 64 + P 32 registers).
 // kBlockN_: keys per block (0: 128 at head dims 64 / 128, 64 at 256); 176 at head dim
-// 128 is FwdVariant::kWideKeys (an experiment, built with -DJAXATTN_FWD_WIDE_KEYS).
+// 128 is FwdVariant::kWideKeys (the default there at S >= 8192).
 template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 0>
 struct FwdTraits {
   using Elem = Elem_;

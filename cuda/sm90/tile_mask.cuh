@@ -30,15 +30,15 @@ __device__ __forceinline__ int2 blocks_of(int2 r) {
 // the CTA calls it (block-wide scans; red: 2 ints of shared memory).
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ int2 cta_key_blocks(const MaskView& m, int m0, int* red) {
-  return blocks_of<kBlockN>(cuda::cta_segment_span(m.key_range(m0, m0 + kBlockM), m.q_seg, m0,
-                                                   min(m0 + kBlockM, m.q_len), m.kv_seg, red));
+  return blocks_of<kBlockN>(cuda::cta_segment_span(m.key_range(m0, m0 + kBlockM), m.q_seg, m.q_seg_ranges, m0,
+                                                   min(m0 + kBlockM, m.q_len), m.kv_seg, m.kv_seg_ranges, red));
 }
 // Query blocks of size kBlockM that keys [n0, n0 + kBlockN) of a CTA may be seen by
 // (the backward's range; same contract).
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ int2 cta_query_blocks(const MaskView& m, int n0, int* red) {
-  return blocks_of<kBlockM>(cuda::cta_segment_span(m.query_range(n0, n0 + kBlockN), m.kv_seg, n0,
-                                                   min(n0 + kBlockN, m.kv_len), m.q_seg, red));
+  return blocks_of<kBlockM>(cuda::cta_segment_span(m.query_range(n0, n0 + kBlockN), m.kv_seg, m.kv_seg_ranges, n0,
+                                                   min(n0 + kBlockN, m.kv_len), m.q_seg, m.q_seg_ranges, red));
 }
 
 // Which of a thread's accumulator elements pair equal segment ids: bit i of

@@ -10,16 +10,23 @@
 // Tq=1, every row full): GB/s of K, V, Q, O and the fraction of the read
 // bandwidth measured by a plain streaming-sum kernel, timed with CUDA events.
 //
-// Kernels compared: v1, v2 with the session-3 loader ("v2old", kV2Old) and v2
-// with the default loader ("v2new", kDecodeV2DefaultVariant: per-tile page
-// lookups, what decode_fwd(version 2) runs).
-// The bench also times v2 on the same bytes seen through an identity page
-// table and as a contiguous cache (what paging itself costs), and a few loader
-// variants (which part of the new loader helps), then ends with the short
-// table of the issue-9 bar (paged, % of read bandwidth, old vs new).
+// Kernels checked: v1, v2 with the session-3 loader ("v2old", kV2Old), v2
+// with the default variant ("v2new", kDecodeV2DefaultVariant: what
+// decode_fwd(version 2) runs), v2 with every loader bit ("v2all"), and the
+// short-context variants of issue 9: "v2short" (kV2Short: the >= 0.9-wave
+// plan, cluster merge of 2 chunks), "v2shnc" (the same plan, combine kernel)
+// and "v2shlong" (kV2ShortLong: kV2Short with chunks beyond kMaxChunk).
+// The bench times, per issue-9 row, the default next to kV2Short and its
+// neighbours (long chunks, refill, no cluster; shuffled pages; the default
+// and kV2Short also as a contiguous cache; the default twice, first and
+// last, to show the noise), optionally (--sweep) forced split counts on the
+// short rows, and ends with the short table of the issue-9 bar (paged, % of
+// read bandwidth, default vs kV2Short).
 //
 // Usage: decode_check [--quick] [--no-bench] [--no-check] [--bench-only]
 //   --quick: a few small cases, no benchmark (for compute-sanitizer).
+//   --fast: check only the default ("v2new"), kV2Short and kV2ShortLong.
+//   --sweep: also time forced split counts on the short rows.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -125,13 +132,18 @@ static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int nu
 
 // Kernel ids of this checker: 1 = v1, 2 = v2 old loader, 3 = v2 new loader,
 // 4 = v2 as decode_fwd(version 2) runs it (the default variant), 5 = v2 with
-// every loader bit (hoist, touch, 8 tiles of L2 prefetch).
+// every loader bit (hoist, touch, 8 tiles of L2 prefetch), 6 = kV2Short,
+// 7 = kV2Short without the cluster merge, 8 = kV2ShortLong.
+constexpr int kShortNoCluster = jc::kV2Short & ~jc::kV2Cluster;
 static const char* kernel_name(int kernel) {
   switch (kernel) {
     case 1: return "v1";
     case 2: return "v2old";
     case 3: return "v2new";
     case 5: return "v2all";
+    case 6: return "v2short";
+    case 7: return "v2shnc";
+    case 8: return "v2shlong";
     default: return "v2";
   }
 }
@@ -143,6 +155,9 @@ static jaxattn::cuda::LaunchStatus run_kernel(const AttnParams& p, int kernel, i
     case 2: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Old);
     case 3: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant);
     case 5: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Hoist | jc::kV2Touch | (8 << jc::kV2PrefetchShift));
+    case 6: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short);
+    case 7: return jc::decode_fwd_v2(p, nullptr, chunk, kShortNoCluster);
+    case 8: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2ShortLong);
     default: return jc::decode_fwd(p, nullptr, 2, chunk);
   }
 }
@@ -290,19 +305,19 @@ static double read_bandwidth() {
 // GB/s of one kernel on one call: 3 warm-up calls (they also size the
 // repetitions: ~40 ms of timed calls, 10..200), then back-to-back calls timed
 // with CUDA events.
-static double time_call(const AttnParams& p, int kernel, int variant, double bytes) {
+static double time_call(const AttnParams& p, int kernel, int variant, double bytes, int chunk = 0) {
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
   CUDA_CHECK(cudaEventRecord(e0));
-  for (int w = 0; w < 3; ++w) check_launch(run_kernel(p, kernel, 0, variant));
+  for (int w = 0; w < 3; ++w) check_launch(run_kernel(p, kernel, chunk, variant));
   CUDA_CHECK(cudaEventRecord(e1));
   CUDA_CHECK(cudaEventSynchronize(e1));
   float ms = 0.f;
   CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
   const int reps = std::min(200, std::max(10, int(40.f / std::max(ms / 3, 1e-3f))));
   CUDA_CHECK(cudaEventRecord(e0));
-  for (int r = 0; r < reps; ++r) check_launch(run_kernel(p, kernel, 0, variant));
+  for (int r = 0; r < reps; ++r) check_launch(run_kernel(p, kernel, chunk, variant));
   CUDA_CHECK(cudaEventRecord(e1));
   CUDA_CHECK(cudaEventSynchronize(e1));
   CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
@@ -312,32 +327,40 @@ static double time_call(const AttnParams& p, int kernel, int variant, double byt
 }
 
 // The issue's rows (paged, page size 64, N=32 K=8 H=128 bf16 Tq=1, every row
-// full). One K and one V buffer per (B, L) hold B * L / 64 pages; the same
-// bytes are timed through a shuffled page table (the bar), an identity table
-// (pages in order: paging without scattered pages) and as a contiguous cache
-// [B, L, K, H] (no page table at all).
+// full). One K and one V buffer per (B, L) hold B * L / 64 pages, read
+// through a shuffled page table (the bar) and, for two columns, as a
+// contiguous cache [B, L, K, H] (the same bytes, no page table).
+static bool g_sweep = false;  // --sweep: forced split counts on the short rows
+
 static void bench(double peak) {
   const int N = 32, K = 8, H = 128, ps = 64;
-  struct Row { int B, L; double v1, old_s, new_s, old_i, new_i, old_c, new_c; };
+  const int def = jc::kDecodeV2DefaultVariant;
+  struct Col { const char* name; int variant; bool contig; };
+  const Col cols[] = {{"default", def, false},
+                      {"short + long chunks", jc::kV2ShortLong, false},
+                      {"short + refill", jc::kV2Short | jc::kV2Refill, false},
+                      {"short nc", kShortNoCluster, false},
+                      {"short", jc::kV2Short, false},
+                      {"default contig", def, true},
+                      {"short contig", jc::kV2Short, true},
+                      {"default again", def, false}};
+  constexpr int kCols = sizeof(cols) / sizeof(cols[0]);
+  struct Row { int B, L; double g[kCols]; };
   std::vector<Row> rows;
   auto pct = [&](double gbs) { return 100 * gbs * 1e9 / peak; };
-  std::printf("\nGB/s (%% of read bandwidth). shuf: shuffled page table (the bar); ident: identity page\n"
-              "table; contig: the same bytes as a contiguous cache. old/new: v2 loaders kV2Old / the default (kDecodeV2DefaultVariant).\n");
-  std::printf("\n| B | L | v1 shuf | v2old shuf | v2new shuf | new/old | v2old ident | v2new ident | v2old contig | "
-              "v2new contig |\n|---|---|---|---|---|---|---|---|---|---|\n");
-  // Loader ablation on two rows: which part of the new loader gains.
-  struct Abl { const char* name; int variant; };
-  const Abl abls[] = {{"old", jc::kV2Old},
-                      {"hoist (default)", jc::kV2Hoist},
-                      {"prefetch1", 1 << jc::kV2PrefetchShift},
-                      {"prefetch2", 2 << jc::kV2PrefetchShift},
-                      {"hoist+prefetch1", jc::kV2Hoist | (1 << jc::kV2PrefetchShift)},
-                      {"hoist+prefetch2", jc::kV2Hoist | (2 << jc::kV2PrefetchShift)},
-                      {"hoist+prefetch4", jc::kV2Hoist | (4 << jc::kV2PrefetchShift)},
-                      {"hoist+prefetch8", jc::kV2Hoist | (8 << jc::kV2PrefetchShift)},
-                      {"touch", jc::kV2Touch},
-                      {"hoist+touch+prefetch2", jc::kV2New | jc::kV2Touch}};
-  std::vector<std::string> abl_lines;
+  auto plan_str = [&](const AttnParams& p, int variant, int chunk) {
+    bool cl = false;
+    const int s = jc::decode_v2_plan_splits(p, chunk, variant, &cl);
+    return std::to_string(s) + (cl ? "c" : "");
+  };
+  std::printf("\nGB/s (%% of read bandwidth), paged (shuffled) unless 'contig'. default: kDecodeV2DefaultVariant "
+              "(%d); short: kV2Short (%d); 'nc': no cluster merge. [splits, c = cluster merge]\n", def, jc::kV2Short);
+  std::printf("\n| B | L |");
+  for (const Col& c : cols) std::printf(" %s |", c.name);
+  std::printf(" short/default |\n|---|---|");
+  for (int i = 0; i <= kCols; ++i) std::printf("---|");
+  std::printf("\n");
+  std::vector<std::string> sweep;
   for (int B : {16, 32, 64}) {
     for (int L : {4096, 16384, 65536}) {
       DecodeCase c{B, 1, N, K, H, L, ps, true};
@@ -350,71 +373,74 @@ static void bench(double peak) {
       fill_random<<<1024, 256>>>(call.q, size_t(B) * N * H, 1u, true);
       fill_random<<<4096, 256>>>(call.k, cache, 2u, true);
       fill_random<<<4096, 256>>>(call.v, cache, 3u, true);
-      std::vector<int32_t> perm(num_pages), ident(num_pages), len(B, L);
-      for (int i = 0; i < num_pages; ++i) perm[i] = ident[i] = i;
+      std::vector<int32_t> perm(num_pages), len(B, L);
+      for (int i = 0; i < num_pages; ++i) perm[i] = i;
       std::shuffle(perm.begin(), perm.end(), std::mt19937_64(B * 7 + L));
       call.table = upload(perm);
-      int32_t* ident_d = upload(ident);
       call.lengths = upload(len);
       AttnParams& p = call.p;
       p.q = call.q, p.k = call.k, p.v = call.v, p.block_table = call.table, p.kv_lengths = call.lengths;
-      AttnParams pi = p;
-      pi.block_table = ident_d;
       AttnParams pc = p;  // contiguous [B, L, K, H]: row b = pages b * max_pages ...
       pc.block_table = nullptr;
       pc.page_size = pc.max_pages = pc.num_pages = 0;
       pc.k_batch_stride = pc.v_batch_stride = int64_t(L) * p.k_row_stride;
       const double bytes = (2.0 * B * L * K * H + 2.0 * B * N * H) * 2;
-      Row r{B, L};
-      r.v1 = time_call(p, 1, -1, bytes);
-      r.old_s = time_call(p, 2, -1, bytes);
-      r.new_s = time_call(p, 3, -1, bytes);
-      r.old_i = time_call(pi, 2, -1, bytes);
-      r.new_i = time_call(pi, 3, -1, bytes);
-      r.old_c = time_call(pc, 2, -1, bytes);
-      r.new_c = time_call(pc, 3, -1, bytes);
-      std::printf("| %d | %d | %.0f (%.0f%%) | %.0f (%.0f%%) | %.0f (%.0f%%) | %.2fx | %.0f (%.0f%%) | %.0f (%.0f%%) | "
-                  "%.0f (%.0f%%) | %.0f (%.0f%%) |\n",
-                  B, L, r.v1, pct(r.v1), r.old_s, pct(r.old_s), r.new_s, pct(r.new_s), r.new_s / r.old_s, r.old_i,
-                  pct(r.old_i), r.new_i, pct(r.new_i), r.old_c, pct(r.old_c), r.new_c, pct(r.new_c));
-      std::fflush(stdout);
+      Row r{B, L, {}};
+      std::printf("| %d | %d |", B, L);
+      for (int i = 0; i < kCols; ++i) {
+        const AttnParams& pp = cols[i].contig ? pc : p;
+        r.g[i] = time_call(pp, 0, cols[i].variant, bytes);
+        std::printf(" %.0f (%.0f%%) [%s] |", r.g[i], pct(r.g[i]), plan_str(pp, cols[i].variant, 0).c_str());
+        std::fflush(stdout);
+      }
+      std::printf(" %.2fx |\n", r.g[4] / (0.5 * (r.g[0] + r.g[kCols - 1])));
       rows.push_back(r);
-      if ((B == 16 && L == 4096) || (B == 64 && L == 16384)) {
-        for (const Abl& a : abls) {
-          const double g = time_call(p, 0, a.variant, bytes);
-          char buf[160];
-          std::snprintf(buf, sizeof buf, "| %d | %d | %s | %.0f (%.0f%%) |", B, L, a.name, g, pct(g));
-          abl_lines.push_back(buf);
+      if (g_sweep && L <= 16384 && !(B == 64 && L == 16384)) {
+        // Split-count sweep (forced chunks of L / s keys): combine kernel, and kV2Short (cluster merge at 2 splits).
+        for (int s : {1, 2, 3, 4, 6, 8}) {
+          const int chunk = (L / s + 63) / 64 * 64;
+          const double a = time_call(p, 0, kShortNoCluster, bytes, chunk);
+          const double b = s > 1 ? time_call(p, 0, jc::kV2Short, bytes, chunk) : a;
+          char buf[200];
+          std::snprintf(buf, sizeof buf, "| %d | %d | %d | %d | %.0f (%.0f%%) | %.0f (%.0f%%) |", B, L, s,
+                        (B * K * s + 263) / 264, a, pct(a), b, pct(b));
+          sweep.push_back(buf);
         }
       }
-      cudaFree(ident_d);
       call.free_all();
     }
   }
-  std::printf("\n== loader ablation (v2, shuffled pages; prefetchN: N tiles beyond the ring into L2)\n");
-  std::printf("| B | L | loader | GB/s (%% of read bw) |\n|---|---|---|---|\n");
-  for (const std::string& l : abl_lines) std::printf("%s\n", l.c_str());
+  if (g_sweep) {
+    std::printf("\n== split sweep (forced chunks, paged): combine kernel vs kV2Short (cluster merge at 2 splits)\n");
+    std::printf("| B | L | splits | waves (264 slots) | combine | cluster |\n|---|---|---|---|---|---|\n");
+    for (const std::string& l : sweep) std::printf("%s\n", l.c_str());
+  }
   std::printf("\n== issue-9 bar: paged (page 64, shuffled), %% of read bandwidth %.0f GB/s; bar 85%%\n", peak / 1e9);
-  std::printf("| B | L | v2 old | v2 new | new/old | v2 new contig |\n|---|---|---|---|---|---|\n");
+  std::printf("| B | L | default | default again | short | short / mean(default) | default contig | short contig |\n"
+              "|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
-    std::printf("| %d | %d | %.0f%% | %.0f%% | %.2fx | %.0f%% |\n", r.B, r.L, pct(r.old_s), pct(r.new_s),
-                r.new_s / r.old_s, pct(r.new_c));
+    std::printf("| %d | %d | %.0f%% | %.0f%% | %.0f%% | %.2fx | %.0f%% | %.0f%% |\n", r.B, r.L, pct(r.g[0]),
+                pct(r.g[kCols - 1]), pct(r.g[4]), r.g[4] / (0.5 * (r.g[0] + r.g[kCols - 1])), pct(r.g[5]), pct(r.g[6]));
 }
 
 int main(int argc, char** argv) {
-  bool quick = false, do_bench = true, do_check = true;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout when piped
+  bool quick = false, do_bench = true, do_check = true, fast = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true, do_bench = false;
     if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
     if (!std::strcmp(argv[i], "--no-check")) do_check = false;
     if (!std::strcmp(argv[i], "--bench-only")) do_check = false, do_bench = true;
+    if (!std::strcmp(argv[i], "--fast")) fast = true;
+    if (!std::strcmp(argv[i], "--sweep")) g_sweep = true;
   }
   std::vector<DecodeCase> cases;
   if (quick) {
     cases = {{3, 1, 32, 8, 128, 512, 64, true},
              {3, 4, 8, 1, 64, 256, 16, false, -1, 0.f, 80},
              {2, 1, 4, 4, 256, 300, 0, true},
-             {3, 2, 16, 2, 128, 768, 256, false, 37, 5.f}};
+             {3, 2, 16, 2, 128, 768, 256, false, 37, 5.f},
+             {3, 1, 32, 8, 128, 1024, 64, true, -1, 0.f, 512}};
   } else {
     const int groups[][3] = {{4, 4, 1}, {8, 4, 1}, {32, 8, 1}, {8, 1, 1}, {8, 2, 4}, {8, 1, 4}, {16, 1, 4}};
     int i = 0;
@@ -442,13 +468,28 @@ int main(int argc, char** argv) {
     cases.push_back({2, 4, 32, 4, 128, 2048, 64, true});
     cases.push_back({2, 1, 32, 8, 128, 16384, 128, true, 5000});
     cases.push_back({2, 1, 8, 8, 256, 4096, 256, false, -1, 0.f, 200});
+    // Issue 9's short-context variants: cluster merges of 2..8 chunks (forced
+    // chunks and the auto plan), two row blocks per cluster row, windows,
+    // H 64 / 256, contiguous and paged, ragged rows with empty chunks.
+    cases.push_back({5, 4, 32, 4, 128, 1024, 64, true, -1, 0.f, 256});
+    cases.push_back({3, 2, 16, 2, 256, 1024, 64, false, -1, 5.f, 256});
+    cases.push_back({3, 1, 8, 1, 64, 2000, 0, true, -1, 0.f, 512});
+    cases.push_back({4, 1, 32, 8, 128, 4096, 64, true, 700, 0.f, 512});
+    cases.push_back({6, 1, 32, 8, 128, 4096, 64, true});
+    cases.push_back({3, 3, 16, 4, 64, 8192, 128, false});
+    cases.push_back({2, 1, 16, 2, 128, 3000, 0, true, -1, 0.f, 384});
+    // Chunks beyond kMaxChunk (kV2LongChunks; forced here): 2 splits merged in a cluster.
+    cases.push_back({2, 1, 16, 4, 128, 20480, 64, true, -1, 0.f, 16384});
+    cases.push_back({2, 2, 8, 8, 64, 24576, 0, false, -1, 0.f, 12288});
+    cases.push_back({3, 1, 32, 8, 128, 32768, 256, true, 20000});
   }
   int failures = 0;
   if (do_check) {
     std::printf("== check against float64 (max abs error of o, of lse)\n");
     uint64_t seed = 1;
     for (const DecodeCase& c : cases) {
-      for (int kernel : {1, 2, 3, 5}) {
+      for (int kernel : {1, 2, 3, 5, 6, 7, 8}) {
+        if (fast && kernel != 3 && kernel != 6 && kernel != 8) continue;
         double lse_err = 0.0;
         const double err = check_case(c, kernel, seed, &lse_err);
         const double tol = c.bf16 ? 2e-2 : 4e-3;
@@ -460,7 +501,7 @@ int main(int argc, char** argv) {
       ++seed;
     }
     std::printf("%s: %d of %zu case-versions failed\n", failures ? "SOME FAILED" : "ALL OK", failures,
-                4 * cases.size());
+                (fast ? 3 : 7) * cases.size());
   }
   if (do_bench) {
     const double peak = read_bandwidth();

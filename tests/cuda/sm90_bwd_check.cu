@@ -323,24 +323,29 @@ static BenchRow bench(int T, int H, bool causal) {
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
-  for (int impl = 0; impl <= kNV + 1; ++impl) {
-    auto call = [&] {
-      check_launch(impl == 0 ? jc::flash_bwd_sm80(p, 0)
-                             : jaxattn::sm90::flash_bwd_sm90_variant(p, 0, BwdVariant(impl - 1)));
-    };
-    for (int i = 0; i < 3; ++i) call();
-    std::vector<float> ms;
-    for (int i = 0; i < 10; ++i) {
+  // Round robin: every repetition times each implementation once, so clock / thermal
+  // drift during the row lands on all columns alike (timing one column after the
+  // other read the same kernel up to 10% apart in one run, session 6).
+  auto call = [&](int impl) {
+    check_launch(impl == 0 ? jc::flash_bwd_sm80(p, 0)
+                           : jaxattn::sm90::flash_bwd_sm90_variant(p, 0, BwdVariant(impl - 1)));
+  };
+  std::vector<float> ms[kNV + 2];
+  for (int impl = 0; impl <= kNV + 1; ++impl)
+    for (int i = 0; i < 2; ++i) call(impl);
+  for (int i = 0; i < 10; ++i)
+    for (int impl = 0; impl <= kNV + 1; ++impl) {
       CUDA_CHECK(cudaEventRecord(e0));
-      call();
+      call(impl);
       CUDA_CHECK(cudaEventRecord(e1));
       CUDA_CHECK(cudaEventSynchronize(e1));
       float t;
       CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
+      ms[impl].push_back(t);
     }
-    std::sort(ms.begin(), ms.end());
-    row.tf[impl] = flops / (ms[ms.size() / 2] * 1e-3) / 1e12;
+  for (int impl = 0; impl <= kNV + 1; ++impl) {
+    std::sort(ms[impl].begin(), ms[impl].end());
+    row.tf[impl] = flops / (ms[impl][ms[impl].size() / 2] * 1e-3) / 1e12;
   }
   for (uint16_t** b : bufs) CUDA_CHECK(cudaFree(*b));
   CUDA_CHECK(cudaFree(d.lse));

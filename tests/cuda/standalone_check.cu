@@ -46,12 +46,19 @@ namespace jc = jaxattn::cuda;
 // full), a soft cap, packed segment ids (query i in document i / q_doc, key j
 // in j / kv_doc; 0 = no segment ids), a dense bias [1, N, T, S] (broadcast
 // over the batch; its gradient is checked) and a dense mask [B, 1, T, S].
+// Segment ids go with their (min, max) tables (AttnParams::q_segment_ranges, as
+// jaxattn passes them) unless scan_ids; seg_mod > 0 makes documents repeat (id
+// (i / q_doc) % seg_mod: ids not sorted, a document's tokens in several places).
 struct Masks {
   int left = -1, right = -1;
   int q_len0 = -1, kv_len0 = -1;
   float softcap = 0.f;
   int q_doc = 0, kv_doc = 0;
   bool bias = false, mask = false;
+  bool scan_ids = false;
+  int seg_mod = 0;
+  int q_id(int i) const { return seg_mod > 0 ? (i / q_doc) % seg_mod : i / q_doc; }
+  int kv_id(int j) const { return seg_mod > 0 ? (j / kv_doc) % seg_mod : j / kv_doc; }
   bool any() const {
     return left >= 0 || right >= 0 || q_len0 >= 0 || kv_len0 >= 0 || softcap > 0 || q_doc > 0 || bias || mask;
   }
@@ -72,7 +79,9 @@ static std::string describe(const Case& c) {
   if (m.left >= 0 || m.right >= 0) n += std::snprintf(buf + n, sizeof buf - n, " win(%d,%d)", m.left, m.right);
   if (m.q_len0 >= 0 || m.kv_len0 >= 0) n += std::snprintf(buf + n, sizeof buf - n, " len(%d,%d)", m.q_len0, m.kv_len0);
   if (m.softcap > 0) n += std::snprintf(buf + n, sizeof buf - n, " cap%g", m.softcap);
-  if (m.q_doc > 0) n += std::snprintf(buf + n, sizeof buf - n, " docs(%d,%d)", m.q_doc, m.kv_doc);
+  if (m.q_doc > 0)
+    n += std::snprintf(buf + n, sizeof buf - n, " docs(%d,%d%s%s)", m.q_doc, m.kv_doc,
+                       m.seg_mod > 0 ? (" mod " + std::to_string(m.seg_mod)).c_str() : "", m.scan_ids ? " scan" : "");
   if (m.bias) n += std::snprintf(buf + n, sizeof buf - n, " bias");
   if (m.mask) n += std::snprintf(buf + n, sizeof buf - n, " mask");
   return buf;
@@ -97,7 +106,7 @@ static bool ref_visible(const Case& c, int b, int i, int j, const std::vector<ui
   if (c.causal && j > i) return false;
   if (m.left >= 0 && j < i - m.left) return false;
   if (m.right >= 0 && j > i + m.right) return false;
-  if (m.q_doc > 0 && i / m.q_doc != j / m.kv_doc) return false;
+  if (m.q_doc > 0 && m.q_id(i) != m.kv_id(j)) return false;
   return true;
 }
 
@@ -185,14 +194,30 @@ static DeviceMasks upload_masks(const Case& c, AttnParams& p) {
   CUDA_CHECK(cudaMemcpy(d.lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
   p.q_lengths = d.lens, p.kv_lengths = d.lens + c.B;
   if (m.q_doc > 0) {
-    std::vector<int32_t> seg(size_t(c.B) * (c.T + c.S));
+    // ids [B, T], [B, S], then their (min, max) tables [B, ceil(T / 64), 2], [B, ceil(S / 64), 2].
+    const int kb = jaxattn::kSegmentBlock, tq = (c.T + kb - 1) / kb, ts = (c.S + kb - 1) / kb;
+    std::vector<int32_t> seg(size_t(c.B) * (c.T + c.S + 2 * tq + 2 * ts));
+    int32_t* q_ids = seg.data();
+    int32_t* kv_ids = q_ids + size_t(c.B) * c.T;
+    int32_t* q_tab = kv_ids + size_t(c.B) * c.S;
+    int32_t* kv_tab = q_tab + size_t(c.B) * 2 * tq;
+    auto table = [&](const int32_t* ids, int len, int32_t* tab) {
+      for (int t = 0; t * kb < len; ++t) {
+        int lo = ids[t * kb], hi = lo;
+        for (int i = t * kb; i < std::min(len, (t + 1) * kb); ++i) lo = std::min(lo, ids[i]), hi = std::max(hi, ids[i]);
+        tab[2 * t] = lo, tab[2 * t + 1] = hi;
+      }
+    };
     for (int b = 0; b < c.B; ++b) {
-      for (int i = 0; i < c.T; ++i) seg[size_t(b) * c.T + i] = i / m.q_doc;
-      for (int j = 0; j < c.S; ++j) seg[size_t(c.B) * c.T + size_t(b) * c.S + j] = j / m.kv_doc;
+      for (int i = 0; i < c.T; ++i) q_ids[size_t(b) * c.T + i] = m.q_id(i);
+      for (int j = 0; j < c.S; ++j) kv_ids[size_t(b) * c.S + j] = m.kv_id(j);
+      table(q_ids + size_t(b) * c.T, c.T, q_tab + size_t(b) * 2 * tq);
+      table(kv_ids + size_t(b) * c.S, c.S, kv_tab + size_t(b) * 2 * ts);
     }
     CUDA_CHECK(cudaMalloc(&d.seg, seg.size() * 4));
     CUDA_CHECK(cudaMemcpy(d.seg, seg.data(), seg.size() * 4, cudaMemcpyHostToDevice));
-    p.q_segment_ids = d.seg, p.kv_segment_ids = d.seg + size_t(c.B) * c.T;
+    p.q_segment_ids = d.seg, p.kv_segment_ids = d.seg + (kv_ids - q_ids);
+    if (!m.scan_ids) p.q_segment_ranges = d.seg + (q_tab - q_ids), p.kv_segment_ranges = d.seg + (kv_tab - q_ids);
   }
   return d;
 }
@@ -558,6 +583,12 @@ int main(int argc, char** argv) {
       {2, 333, 257, 4, 2, 128, true, false, 0, {-1, -1, -1, -1, 0.f, 0, 0, true, true}},
       {2, 257, 333, 4, 1, 64, false, true, 0, {60, 10, 200, -1, 4.f, 0, 0, true, false}},
       {1, 300, 300, 4, 2, 256, true, true, 0, {-1, -1, -1, -1, 0.f, 70, 70, true, true}},
+      // Segment ids: the exact id scan (no tables), and repeating documents (ids not sorted).
+      {2, 300, 300, 4, 4, 64, false, true, 0, {-1, -1, -1, -1, 0.f, 70, 70, false, false, true}},
+      {2, 333, 257, 4, 1, 128, true, false, 0, {-1, -1, 250, 200, 0.f, 50, 40, false, false, false, 3}},
+      {2, 700, 700, 4, 2, 128, true, true, 0, {-1, -1, -1, -1, 0.f, 90, 90, false, false, false, 4}},
+      {1, 500, 500, 4, 2, 64, true, true, 0, {-1, -1, -1, -1, 0.f, 30, 30, false, false, true, 5}},
+      {1, 400, 400, 2, 1, 256, false, false, 0, {20, 20, -1, -1, 0.f, 64, 64, false, false, false, 2}},
   };
   if (quick) cases = {cases[2], cases[8], cases[9], cases[16]};
   if (sweep)
@@ -605,7 +636,14 @@ int main(int argc, char** argv) {
       for (int doc : {1000, 1024}) {
         Masks seg;
         seg.q_doc = seg.kv_doc = doc;
+        Masks scan = seg;
+        scan.scan_ids = true;
         big.push_back({1, 16 * doc, 16 * doc, 16, 16, 128, true, true, 0, seg});
+        big.push_back({16, doc, doc, 16, 16, 128, true, true});
+        big.push_back({1, 16 * doc, 16 * doc, 16, 16, 128, true, true, 0, scan});
+        big.push_back({16, doc, doc, 16, 16, 128, true, true});
+        // The separate documents on the masked kernel (one id per row): its own cost.
+        big.push_back({16, doc, doc, 16, 16, 128, true, true, 0, seg});
         big.push_back({16, doc, doc, 16, 16, 128, true, true});
       }
     }
@@ -638,8 +676,8 @@ int main(int argc, char** argv) {
   }
   if (packed)
     for (size_t i = 0; i + 1 < benches.size(); i += 2)
-      std::printf("packed / separate time, documents of %d: fwd %.2f  bwd %.2f  fwd+bwd %.2f\n",
-                  benches[i + 1].c.T, benches[i].fwd_ms / benches[i + 1].fwd_ms,
+      std::printf("time / separate documents' time, %s: fwd %.2f  bwd %.2f  fwd+bwd %.2f\n",
+                  describe(benches[i].c).c_str(), benches[i].fwd_ms / benches[i + 1].fwd_ms,
                   benches[i].bwd_ms / benches[i + 1].bwd_ms,
                   (benches[i].fwd_ms + benches[i].bwd_ms) / (benches[i + 1].fwd_ms + benches[i + 1].bwd_ms));
   std::printf("%s\n", all_ok ? "ALL OK" : "SOME FAILED");
