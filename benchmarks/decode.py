@@ -22,7 +22,8 @@ XLA (the issue's bar: >= 2x, and >= 85% of the read bandwidth).
 Timing: jitted, compiled ahead of time, `--warmup` untimed calls, then
 `--rep-batches` batches of `--reps` calls issued back to back (one
 block_until_ready per batch, so small calls are not timed as launch
-latency); the time of a call is the median batch time / reps. Rows stop
+latency), the implementations of a row taking turns batch by batch (round
+robin); the time of a call is the median batch time / reps. Rows stop
 starting after `--time-budget` seconds (default 80: the default grid takes
 about a minute on an H200). A failing
 implementation (unsupported by cuDNN, out of memory, no such kernel) is
@@ -150,12 +151,18 @@ def main(argv=None):
             inputs = [jax.device_put(x, device) for x in (q, kp, vp, kc, vc, lengths, table)]
             nbytes = (2 * B * L * K * H + 2 * B * T * N * H) * dtype.itemsize
             row = {"B": B, "L": L, "N": N, "K": K, "H": H, "Tq": T, "page_size": ps, "bytes": nbytes, "impls": {}}
-            ref = None
+            # Every implementation is compiled, warmed up and checked first, then all
+            # are timed round robin (one batch of each per repetition), so clock /
+            # thermal drift lands on all columns alike (sequential timing read the
+            # same kernel up to 11 points of bandwidth apart, session 6).
+            ref, compiled, times = None, {}, {}
             for name in impls:  # "jaxattn xla paged" first: the reference of the others
                 try:
                     fn = jax.jit(impls[name]).lower(*inputs).compile()
-                    t, out = measure(jax, fn, inputs, args.reps, args.warmup, args.rep_batches)
-                    rec = {"ms": t * 1e3, "GB/s": nbytes / t / 1e9, "of_peak": nbytes / t / peak}
+                    out = None
+                    for _ in range(max(args.warmup, 1)):
+                        out = jax.block_until_ready(fn(*inputs))
+                    rec = {}
                     if name != "jaxattn xla paged" and ref is not None:
                         o32, r32 = (np.asarray(x.astype(jnp.float32)) for x in (out, ref))
                         rec["rel_err"] = float(np.max(np.abs(o32 - r32)) / max(np.max(np.abs(r32)), 1e-30))
@@ -168,10 +175,25 @@ def main(argv=None):
                         rec["kernel"] = jaxattn.decode_kernel_for(
                             q, kp if paged else kc, vp if paged else vc, kv_lengths=lengths,
                             block_table=table if paged else None, implementation=impl, platform=platform)
+                    compiled[name], times[name] = fn, []
                 except Exception as e:  # noqa: BLE001 - record and go on
                     rec = {"ms": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
                 row["impls"][name] = rec
-                print(f"B={B} L={L} {name}: {rec}", file=sys.stderr)
+            for _ in range(args.rep_batches):
+                for name, fn in list(compiled.items()):
+                    try:
+                        t, _ = measure(jax, fn, inputs, args.reps, 0, batches=1)
+                        times[name].append(t)
+                    except Exception as e:  # noqa: BLE001
+                        row["impls"][name] = {"ms": None,
+                                              "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+                        del compiled[name]
+            for name in compiled:
+                t = statistics.median(times[name])
+                row["impls"][name].update({"ms": t * 1e3, "GB/s": nbytes / t / 1e9, "of_peak": nbytes / t / peak})
+            for name in impls:
+                print(f"B={B} L={L} {name}: {row['impls'].get(name)}", file=sys.stderr)
+            del compiled, ref
             rows.append(row)
             del inputs, q, kc, vc, kp, vp
     os.makedirs(args.out, exist_ok=True)

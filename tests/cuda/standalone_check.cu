@@ -533,9 +533,15 @@ static Bench bench(const Case& c, int iters) {
 }
 
 int main(int argc, char** argv) {
-  bool quick = false, do_bench = true, do_check = true, h128 = false, sweep = false, packed = false;
+  // --profile-masked: only the separate 1024-token documents (B=16, H=128, causal) on
+  // the masked kernel (one segment id per row), then on the plain one, 2 warm-up + 3
+  // timed calls each: identical work for Nsight Compute, e.g. forward kernels 2 (masked)
+  // and 7 (plain): ncu -k regex:flash_fwd_sm90 --launch-skip 2 --launch-count 1 ...
+  bool quick = false, do_bench = true, do_check = true, h128 = false, sweep = false, packed = false,
+       profile_masked = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--packed")) packed = true;
+    if (!std::strcmp(argv[i], "--profile-masked")) profile_masked = true, do_check = false;
     if (!std::strcmp(argv[i], "--sm80")) g_sm90 = false;
     if (!std::strcmp(argv[i], "--sweep")) sweep = true;
     if (!std::strcmp(argv[i], "--h128")) h128 = true;
@@ -647,13 +653,18 @@ int main(int argc, char** argv) {
         big.push_back({16, doc, doc, 16, 16, 128, true, true});
       }
     }
+    if (profile_masked) {
+      Masks one;
+      one.q_doc = one.kv_doc = 1024;
+      big = {{16, 1024, 1024, 16, 16, 128, true, true, 0, one}, {16, 1024, 1024, 16, 16, 128, true, true}};
+    }
     if (sweep) {
       big.clear();
       for (int H : {64, 128, 256})
         for (bool causal : {false, true}) big.push_back({1, 16384, 16384, 2048 / H, 2048 / H, H, true, causal});
     }
     for (const Case& c : big) {
-      benches.push_back(bench(c, 5));
+      benches.push_back(bench(c, profile_masked ? 3 : 5));
       const Bench& b = benches.back();
       std::printf("bench %-40s fwd %.3f ms bwd %.3f ms\n", describe(c).c_str(), b.fwd_ms, b.bwd_ms);
       std::fflush(stdout);
@@ -674,7 +685,7 @@ int main(int argc, char** argv) {
                   b.fwd_tflops, b.bwd_tflops, b.total_tflops, b.nonfinite ? " NONFINITE OUTPUTS" : "");
     all_ok &= b.nonfinite == 0;
   }
-  if (packed)
+  if (packed || profile_masked)
     for (size_t i = 0; i + 1 < benches.size(); i += 2)
       std::printf("time / separate documents' time, %s: fwd %.2f  bwd %.2f  fwd+bwd %.2f\n",
                   describe(benches[i].c).c_str(), benches[i].fwd_ms / benches[i + 1].fwd_ms,
