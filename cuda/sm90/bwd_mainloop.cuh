@@ -51,11 +51,29 @@ struct BwdStepMask {
       if (segments) load_row_ids(key_ids, v->kv_seg, key0, v->kv_len);
     }
   }
-  // The segment-id matches of the step's query columns q0 ... (before waiting for S^T).
-  __device__ __forceinline__ void load_ids(int q0, int t) {
+#ifdef JAXATTN_EXP_SEG_AHEAD  // measurement switch: the next step's query ids fetched during this one
+  SegmentAhead<kMasked ? kCols / 2 : 4> ahead;
+#endif
+  // Before the first step (its query columns from first_q0; < 0: no step).
+  __device__ __forceinline__ void begin(int first_q0) {
+#ifdef JAXATTN_EXP_SEG_AHEAD
     if constexpr (kMasked) {
-      if (segments) seg.load(key_ids, view->q_seg, q0, t, view->q_len);
+      if (segments && first_q0 >= 0) ahead.start(key_ids, view->q_seg, first_q0, view->q_len);
     }
+#endif
+    (void)first_q0;
+  }
+  // The segment-id matches of the step's query columns q0 ... (before waiting for S^T);
+  // next_q0: the next step's (< 0: none).
+  __device__ __forceinline__ void load_ids(int q0, int next_q0, int t) {
+    if constexpr (kMasked) {
+#ifdef JAXATTN_EXP_SEG_AHEAD
+      if (segments) ahead.step(seg, key_ids, view->q_seg, q0, next_q0, t, view->q_len);
+#else
+      if (segments) seg.load(key_ids, view->q_seg, q0, t, view->q_len);
+#endif
+    }
+    (void)next_q0;
   }
   // The raw S^T soft-capped (gradient factor kept) and set to -inf where the mask
   // hides the pair (key_first: the warpgroup's first key row; key0: this thread's
@@ -105,6 +123,10 @@ struct BwdMainloop {
   struct StepIter {
     int head_in_group = 0, m_block = 0;
   };
+  // The query block of the step after (hg, m), or -1 after the last one.
+  __device__ __forceinline__ static int next_step_block(const BwdTile& tile, int group, int hg, int m) {
+    return m + 1 < tile.m_end ? m + 1 : (hg + 1 < group ? tile.m_begin : -1);
+  }
 
   // ---- producer (one thread) ----------------------------------------------
   // The tile's K and V blocks (complete on bar_kv).
@@ -322,6 +344,7 @@ struct BwdMainloop {
     float s[kSRegs], dp[kSRegs], dq[kDqRegs];
     uint32_t p[kPRegs], ds[kPRegs];
     BwdStepMask<kMasked, kBlockM> mask(mask_view, args.attn, key0);
+    mask.begin(tile.m_begin < tile.m_end ? tile.m_begin * kBlockM : -1);
 
     // lse and D for columns 2 lane, 2 lane + 1 of a step, loaded one step ahead (read
     // only in probs / dscores, so the load latency hides behind a whole step: +10-17%
@@ -365,7 +388,8 @@ struct BwdMainloop {
         hptx::wgmma_commit();
         pass_turn(wg);
         prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next);
-        mask.load_ids(q_base, t);
+        const int next_m = next_step_block(tile, args.group, hg, m);
+        mask.load_ids(q_base, next_m < 0 ? -1 : next_m * kBlockM, t);
 
         // P^T once S^T is in.
         hptx::wgmma_wait<1>();

@@ -99,6 +99,7 @@ struct BwdMainloopWide {
     float s[kSRegs], dp[kSRegs], dq[kAccRegs];
     uint32_t pk[kSRegs / 2];
     BwdStepMask<kMasked, kQCols> mask(mask_view, args.attn, key0);
+    mask.begin(tile.m_begin < tile.m_end ? tile.m_begin * kBlockM + wg * kQCols : -1);
 
     // lse / D of this warpgroup's query columns, loaded one step ahead.
     float2 lse_next, dps_next;
@@ -123,7 +124,8 @@ struct BwdMainloopWide {
         issue_abT(dp, sm.v(), do_tile, wg);
         hptx::wgmma_commit();
         Base::prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next, wg * kQCols);
-        mask.load_ids(q0, t);
+        const int next_m = Base::next_step_block(tile, args.group, hg, m);
+        mask.load_ids(q0, next_m < 0 ? -1 : next_m * kBlockM + wg * kQCols, t);
 
         // The previous step's reduce-add has read its staging: that stage is free.
         if (tid == 0 && pending_stage >= 0) {

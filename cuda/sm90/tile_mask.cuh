@@ -43,35 +43,42 @@ __device__ __forceinline__ int2 cta_query_blocks(const MaskView& m, int n0, int*
 
 // Which of a thread's accumulator elements pair equal segment ids: bit i of
 // the kRegs-element tile is acc[i] = (row h, column 8 j + 2 t + e), i = 4 j + 2 h + e.
-// load() reads the ids of the columns from col0 (-1 past `limit`) and compares
-// them with the rows' ids at once: called before the wgmma wait, its loads'
-// latency hides behind the tensor cores, and only the bits stay in registers.
 template <int kRegs>
 struct SegmentBits {
+  static constexpr int kCols = 2 * kRegs, kPerLane = kCols >= 32 ? kCols / 32 : 1;
   uint32_t bits[(kRegs + 31) / 32];
 
-  // Fast path (warp-uniform): when the tile's 2 kRegs columns carry one id and so do
-  // the warp's rows (a block inside one packed document), the bits follow from one
-  // compare: kRegs / 16 coalesced loads per lane and four warp reductions instead of
-  // kRegs / 2 scattered loads and kRegs compares per thread.
-  __device__ __forceinline__ void load(const int (&row_ids)[2], const int32_t* seg, int col0, int t, int limit) {
-    constexpr int kCols = 2 * kRegs, kPerLane = kCols / 32;
+  // The block's column ids as the fast path reads them: kPerLane coalesced loads per
+  // lane (column col0 + 32 k + lane), -1 past `limit`.
+  __device__ __forceinline__ static void fetch_cols(int (&cols)[kPerLane], const int32_t* seg, int col0, int limit) {
     static_assert(kCols % 32 == 0, "whole warps of columns");
     const int lane = int(threadIdx.x % 32);
-    int cmin = 0x7fffffff, cmax = int(0x80000000);
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       const int c = col0 + 32 * k + lane;
-      const int id = c < limit ? __ldg(seg + c) : -1;
-      cmin = min(cmin, id);
-      cmax = max(cmax, id);
+      cols[k] = c < limit ? __ldg(seg + c) : -1;
     }
+  }
+  // The warp's row-id range (the same for every block of a tile).
+  __device__ __forceinline__ static int2 row_range(const int (&row_ids)[2]) {
+    return make_int2(__reduce_min_sync(0xffffffffu, min(row_ids[0], row_ids[1])),
+                     __reduce_max_sync(0xffffffffu, max(row_ids[0], row_ids[1])));
+  }
+
+  // Fast path (warp-uniform): when the tile's 2 kRegs columns carry one id and so do
+  // the warp's rows (a block inside one packed document), the bits follow from one
+  // compare: kRegs / 16 coalesced loads per lane and warp reductions instead of
+  // kRegs / 2 scattered loads and kRegs compares per thread. `cols`: fetch_cols of
+  // the block (fetched ahead by SegmentAhead, or just now by load); `rows`: row_range.
+  __device__ __forceinline__ void compare(const int (&row_ids)[2], int2 rows, const int (&cols)[kPerLane],
+                                          const int32_t* seg, int col0, int t, int limit) {
+    int cmin = cols[0], cmax = cols[0];
+#pragma unroll
+    for (int k = 1; k < kPerLane; ++k) cmin = min(cmin, cols[k]), cmax = max(cmax, cols[k]);
     cmin = __reduce_min_sync(0xffffffffu, cmin);
     cmax = __reduce_max_sync(0xffffffffu, cmax);
-    const int rmin = __reduce_min_sync(0xffffffffu, min(row_ids[0], row_ids[1]));
-    const int rmax = __reduce_max_sync(0xffffffffu, max(row_ids[0], row_ids[1]));
-    if (cmin == cmax && rmin == rmax) {
-      const bool match = cmin == rmin;
+    if (cmin == cmax && rows.x == rows.y) {
+      const bool match = cmin == rows.x;
 #pragma unroll
       for (int w = 0; w < (kRegs + 31) / 32; ++w)
         bits[w] = match ? (kRegs - 32 * w >= 32 ? 0xffffffffu : (1u << (kRegs - 32 * w)) - 1u) : 0u;
@@ -92,7 +99,42 @@ struct SegmentBits {
         }
       }
   }
+  // load() reads the ids of the columns from col0 (-1 past `limit`) and compares
+  // them with the rows' ids at once: called before the wgmma wait, its loads'
+  // latency hides behind the tensor cores (as far as they last), and only the bits
+  // stay in registers.
+  __device__ __forceinline__ void load(const int (&row_ids)[2], const int32_t* seg, int col0, int t, int limit) {
+    int cols[kPerLane];
+    fetch_cols(cols, seg, col0, limit);
+    compare(row_ids, row_range(row_ids), cols, seg, col0, t, limit);
+  }
   __device__ __forceinline__ bool same(int i) const { return (bits[i / 32] >> (i % 32)) & 1u; }
+};
+
+// SegmentBits with the fast path's column ids fetched one block ahead and the rows'
+// id range reduced once per tile: the compare of block n waits on nothing, the loads
+// of block n + 1 have a whole block to land (with load() they had the span of the
+// S wgmma, and the reductions right after them waited out the L2 latency).
+template <int kRegs>
+struct SegmentAhead {
+  using Bits = SegmentBits<kRegs>;
+  int cols[Bits::kPerLane];
+  int2 rows;
+
+  __device__ __forceinline__ void start(const int (&row_ids)[2], const int32_t* seg, int first_col0, int limit) {
+    rows = Bits::row_range(row_ids);
+    Bits::fetch_cols(cols, seg, first_col0, limit);
+  }
+  // bits of the block at col0 (fetched by the previous call or start), then the fetch
+  // of the block at next_col0 (< 0: none).
+  __device__ __forceinline__ void step(Bits& bits, const int (&row_ids)[2], const int32_t* seg, int col0,
+                                       int next_col0, int t, int limit) {
+    int cur[Bits::kPerLane];
+#pragma unroll
+    for (int k = 0; k < Bits::kPerLane; ++k) cur[k] = cols[k];
+    if (next_col0 >= 0) Bits::fetch_cols(cols, seg, next_col0, limit);
+    bits.compare(row_ids, rows, cur, seg, col0, t, limit);
+  }
 };
 
 // The ids of this thread's two accumulator rows (row0 and row0 + 8), -1 past `limit`.
