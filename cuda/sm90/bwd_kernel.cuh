@@ -65,6 +65,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
       hptx::mbar_init(sm.bar_q_full(s), 1);
       hptx::mbar_init(sm.bar_q_empty(s), Tr::kQEmptyArrivals);
     }
+    if constexpr (Tr::kDqWarp) {
+#pragma unroll
+      for (int wg = 0; wg < Tr::kConsumerWarpgroups; ++wg) {
+        hptx::mbar_init(sm.bar_dq_full(wg), 128);
+        hptx::mbar_init(sm.bar_dq_empty(wg), 1);
+      }
+    }
     hptx::mbar_init_fence();
     // K / V do not depend on the query range: with masks their loads go out before
     // it is computed, so the two latencies overlap instead of adding up.
@@ -88,6 +95,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
       hptx::prefetch_tmap(&params.tm_k);
       hptx::prefetch_tmap(&params.tm_v);
       BwdMainloop<Tr>::produce(&params.tm_q, &params.tm_do, &params.tm_k, &params.tm_v, sm, tile, args, kMasked);
+    } else if (Tr::kDqWarp && threadIdx.x == 32) {
+      BwdMainloop<Tr>::reduce_dq(&params.tm_dq, sm, tile, args);
     }
   } else {
     hptx::setmaxnreg_inc<Tr::kConsumerRegs>();

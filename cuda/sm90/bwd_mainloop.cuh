@@ -164,6 +164,45 @@ struct BwdMainloop {
     }
   }
 
+  // ---- dQ warp (one thread; Tr::kDqWarp) -------------------------------------
+  // Issues every step's dQ reduce-adds: for each step and consumer warpgroup, waits
+  // until the warpgroup has written its staging (dq_full), adds it to dq_accum
+  // (deterministic mode: in key-block order, as the consumers did), and frees the
+  // staging once the add has read it (dq_empty). The consumers then never wait on a
+  // barrier for the add, only (rarely) for the previous add's read.
+  __device__ static void reduce_dq(const CUtensorMap* tm_dq, const BwdSmem<Tr>& sm, const BwdTile& tile,
+                                   const BwdArgs& args) {
+    const int sem_blocks = (args.seqlen_q + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
+    uint32_t phase = 0;
+    for (int hg = 0; hg < args.group; ++hg) {
+      const int head = tile.kv_head * args.group + hg;
+      for (int m = tile.m_begin; m < tile.m_end; ++m, phase ^= 1) {
+        const int q_base = m * kBlockM;
+        int32_t* sem = args.dq_semaphore ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) *
+                                                                   sem_blocks + q_base / kDqSemaphoreRows
+                                         : nullptr;
+#pragma unroll
+        for (int wg = 0; wg < Tr::kConsumerWarpgroups; ++wg) {
+          hptx::mbar_wait(sm.bar_dq_full(wg), phase);
+          if (sem) {
+            ptx::wait_counter_geq(sem, 2 * tile.n_block);
+            hptx::fence_proxy_async_global();
+          }
+          hptx::tma_reduce_add_5d(tm_dq, sm.dq(wg), 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
+          hptx::bulk_commit();
+          if (sem) {
+            hptx::bulk_wait0();
+            hptx::fence_proxy_async_global();
+            ptx::release_counter_inc(sem);
+          }
+          hptx::bulk_wait_read0();
+          hptx::mbar_arrive(sm.bar_dq_empty(wg));
+        }
+      }
+    }
+    hptx::bulk_wait0();  // (the adds complete before the CTA's shared memory goes away)
+  }
+
   // ---- consumer pieces (one warpgroup) ---------------------------------------
 
   // acc(64 rows of `a_rows`, kBlockM cols) = A B^T over the head dim, both K-major tiles
@@ -429,30 +468,38 @@ struct BwdMainloop {
         hptx::reg_fence_array(dq);
         hptx::reg_fence_array(p);  // keeps P^T's registers (dV's A operand) live until here
         const uint32_t dq_stage = sm.dq(wg);
-        if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
-        hptx::named_bar_sync(2 + wg, 128);
-        store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
-        hptx::fence_proxy_async_smem();
-        hptx::named_bar_sync(2 + wg, 128);
-        if (tid == 0) {
-          // Deterministic mode: key block n adds after blocks 0 .. n-1 (two warpgroup
-          // adds each, to different columns) and waits for its own add to land before
-          // counting it.
-          int32_t* sem = args.dq_semaphore
-                             ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
-                                   q_base / kDqSemaphoreRows
-                             : nullptr;
-          if (sem) {
-            ptx::wait_counter_geq(sem, 2 * tile.n_block);
-            hptx::fence_proxy_async_global();
-          }
-          hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, wg * Tr::kDqChunks, head,
-                                  tile.batch);
-          hptx::bulk_commit();
-          if (sem) {
-            hptx::bulk_wait0();
-            hptx::fence_proxy_async_global();
-            ptx::release_counter_inc(sem);
+        if constexpr (Tr::kDqWarp) {
+          // The dQ warp has read the previous step's staging; write, publish, go on.
+          hptx::mbar_wait(sm.bar_dq_empty(wg), (uint32_t)(step & 1) ^ 1u);
+          store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+          hptx::fence_proxy_async_smem();
+          hptx::mbar_arrive(sm.bar_dq_full(wg));
+        } else {
+          if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
+          hptx::named_bar_sync(2 + wg, 128);
+          store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+          hptx::fence_proxy_async_smem();
+          hptx::named_bar_sync(2 + wg, 128);
+          if (tid == 0) {
+            // Deterministic mode: key block n adds after blocks 0 .. n-1 (two warpgroup
+            // adds each, to different columns) and waits for its own add to land before
+            // counting it.
+            int32_t* sem = args.dq_semaphore
+                               ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
+                                     q_base / kDqSemaphoreRows
+                               : nullptr;
+            if (sem) {
+              ptx::wait_counter_geq(sem, 2 * tile.n_block);
+              hptx::fence_proxy_async_global();
+            }
+            hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, wg * Tr::kDqChunks, head,
+                                    tile.batch);
+            hptx::bulk_commit();
+            if (sem) {
+              hptx::bulk_wait0();
+              hptx::fence_proxy_async_global();
+              ptx::release_counter_inc(sem);
+            }
           }
         }
 

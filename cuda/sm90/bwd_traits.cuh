@@ -61,11 +61,19 @@ struct BwdTraits {
   // Wide: both warpgroups share the CTA's 64 keys and split the head dim.
   static constexpr bool kWide = kHeadDim == 256;
   static constexpr int kConsumerWarpgroups = 2;  // each owns 64 keys (wide: half the head dim)
+#ifdef JAXATTN_EXP_BWD_DQ_WARP  // measurement switch: dQ reduce-adds issued by a producer-side warp
+  // The narrow tile's dQ staging goes through full / empty mbarriers per warpgroup
+  // (consumers write and arrive; warp 1 of the producer warpgroup issues the add).
+  static constexpr bool kDqWarp = !kWide;
+#else
+  static constexpr bool kDqWarp = false;
+#endif
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
   static constexpr int kStages = 2;  // (3 at head dim 64: same speed, session 5)
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  static constexpr int kProducerRegs = 24;
+  // (the dQ warp's loop needs 32: 128 x 32 + 256 x 240 = the 64K register file)
+  static constexpr int kProducerRegs = kDqWarp ? 32 : 24;
   static constexpr int kConsumerRegs = 240;
 
   static constexpr int kChunks = kHeadDim / 64;
@@ -88,7 +96,7 @@ struct BwdTraits {
   static constexpr int kOffPt = kOffDs + 2 * kDsBytes;  // wide: P^T [2][kBlockN][kBlockM]
   static constexpr int kOffDq = kOffPt + (kWide ? 2 * kDsBytes : 0);
   static constexpr int kOffBar = kOffDq + kConsumerWarpgroups * kDqWgBytes;
-  static constexpr int kNumBars = 1 + 2 * kStages;
+  static constexpr int kNumBars = 1 + 2 * kStages + (kDqWarp ? 2 * kConsumerWarpgroups : 0);
   // Arrivals that free a Q / dO stage: one per consumer warp; wide: one per
   // warpgroup, after its dQ reduce-add has read the staging it put there.
   static constexpr int kQEmptyArrivals = kWide ? kConsumerWarpgroups : 4 * kConsumerWarpgroups;
@@ -127,6 +135,11 @@ struct BwdSmem {
   __device__ __forceinline__ uint32_t bar_kv() const { return base + Tr::kOffBar; }
   __device__ __forceinline__ uint32_t bar_q_full(int s) const { return bar_kv() + 8 * (1 + s); }
   __device__ __forceinline__ uint32_t bar_q_empty(int s) const { return bar_kv() + 8 * (1 + Tr::kStages + s); }
+  // (Tr::kDqWarp) warpgroup wg's dQ staging written (128 arrivals) / read by its reduce-add (1).
+  __device__ __forceinline__ uint32_t bar_dq_full(int wg) const { return bar_kv() + 8 * (1 + 2 * Tr::kStages + wg); }
+  __device__ __forceinline__ uint32_t bar_dq_empty(int wg) const {
+    return bar_kv() + 8 * (1 + 2 * Tr::kStages + Tr::kConsumerWarpgroups + wg);
+  }
 };
 
 // The work of one CTA: key block n_block of (batch, kv_head), and the query blocks
