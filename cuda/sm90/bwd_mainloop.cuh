@@ -164,6 +164,32 @@ struct BwdMainloop {
     }
   }
 
+  // ---- dQ reduce-add (one thread) ----------------------------------------------
+  // Adds warpgroup wg's dQ staging (at `stage`) to dq_accum's rows q_base .. of `head`
+  // with one TMA reduce-add. Deterministic mode: key block n adds after blocks
+  // 0 .. n-1 (two warpgroup adds each, to different columns) and waits for its own
+  // add to land before counting it.
+  __device__ static void add_dq(const CUtensorMap* tm_dq, uint32_t stage, const BwdTile& tile, const BwdArgs& args,
+                                int head, int q_base, int wg) {
+    const int sem_blocks = (args.seqlen_q + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
+    int32_t* sem = args.dq_semaphore ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
+                                           q_base / kDqSemaphoreRows
+                                     : nullptr;
+    if (sem) {
+      ptx::wait_counter_geq(sem, 2 * tile.n_block);
+      hptx::fence_proxy_async_global();
+    }
+#ifndef JAXATTN_EXP_NO_DQ_REDUCE  // timing experiment only: dQ never added
+    hptx::tma_reduce_add_5d(tm_dq, stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
+#endif
+    hptx::bulk_commit();
+    if (sem) {
+      hptx::bulk_wait0();
+      hptx::fence_proxy_async_global();
+      ptx::release_counter_inc(sem);
+    }
+  }
+
   // ---- dQ warp (one thread; Tr::kDqWarp) -------------------------------------
   // Issues every step's dQ reduce-adds: for each step and consumer warpgroup, waits
   // until the warpgroup has written its staging (dq_full), adds it to dq_accum
@@ -172,29 +198,14 @@ struct BwdMainloop {
   // barrier for the add, only (rarely) for the previous add's read.
   __device__ static void reduce_dq(const CUtensorMap* tm_dq, const BwdSmem<Tr>& sm, const BwdTile& tile,
                                    const BwdArgs& args) {
-    const int sem_blocks = (args.seqlen_q + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
     uint32_t phase = 0;
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
       for (int m = tile.m_begin; m < tile.m_end; ++m, phase ^= 1) {
-        const int q_base = m * kBlockM;
-        int32_t* sem = args.dq_semaphore ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) *
-                                                                   sem_blocks + q_base / kDqSemaphoreRows
-                                         : nullptr;
 #pragma unroll
         for (int wg = 0; wg < Tr::kConsumerWarpgroups; ++wg) {
           hptx::mbar_wait(sm.bar_dq_full(wg), phase);
-          if (sem) {
-            ptx::wait_counter_geq(sem, 2 * tile.n_block);
-            hptx::fence_proxy_async_global();
-          }
-          hptx::tma_reduce_add_5d(tm_dq, sm.dq(wg), 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
-          hptx::bulk_commit();
-          if (sem) {
-            hptx::bulk_wait0();
-            hptx::fence_proxy_async_global();
-            ptx::release_counter_inc(sem);
-          }
+          add_dq(tm_dq, sm.dq(wg), tile, args, head, m * kBlockM, wg);
           hptx::bulk_wait_read0();
           hptx::mbar_arrive(sm.bar_dq_empty(wg));
         }
@@ -375,8 +386,7 @@ struct BwdMainloop {
     const int key0 = key_wg0 + warp * 16 + g;               // this thread's h = 0 key row
     const uint32_t k_rows = sm.k() + wg * 64 * 128, v_rows = sm.v() + wg * 64 * 128;
     const float sl2 = args.scale_log2;
-    const int T = args.seqlen_q, S = args.seqlen_k;
-    const int sem_blocks = (T + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
+    const int S = args.seqlen_k;
 
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
@@ -480,27 +490,7 @@ struct BwdMainloop {
           store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
           hptx::fence_proxy_async_smem();
           hptx::named_bar_sync(2 + wg, 128);
-          if (tid == 0) {
-            // Deterministic mode: key block n adds after blocks 0 .. n-1 (two warpgroup
-            // adds each, to different columns) and waits for its own add to land before
-            // counting it.
-            int32_t* sem = args.dq_semaphore
-                               ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
-                                     q_base / kDqSemaphoreRows
-                               : nullptr;
-            if (sem) {
-              ptx::wait_counter_geq(sem, 2 * tile.n_block);
-              hptx::fence_proxy_async_global();
-            }
-            hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, wg * Tr::kDqChunks, head,
-                                    tile.batch);
-            hptx::bulk_commit();
-            if (sem) {
-              hptx::bulk_wait0();
-              hptx::fence_proxy_async_global();
-              ptx::release_counter_inc(sem);
-            }
-          }
+          if (tid == 0) add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
         }
 
         hptx::wgmma_wait<0>();

@@ -91,8 +91,7 @@ struct BwdMainloopWide {
     const int key_cta0 = tile.n_block * kBlockN;  // first key of this CTA
     const int key0 = key_cta0 + warp * 16 + g;    // this thread's h = 0 key row
     const float sl2 = args.scale_log2;
-    const int T = args.seqlen_q, S = args.seqlen_k;
-    const int sem_blocks = (T + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
+    const int S = args.seqlen_k;
 
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
@@ -171,27 +170,8 @@ struct BwdMainloopWide {
         store_acc_f32_sw128<kHalf>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
-        if (tid == 0) {
-          // Deterministic mode: key block n adds after blocks 0 .. n-1 (one add per
-          // warpgroup each, disjoint columns) and waits for its add to land.
-          int32_t* sem = args.dq_semaphore
-                             ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
-                                   q_base / kDqSemaphoreRows
-                             : nullptr;
-          if (sem) {
-            ptx::wait_counter_geq(sem, 2 * tile.n_block);
-            hptx::fence_proxy_async_global();
-          }
-#ifndef JAXATTN_EXP_NO_DQ_REDUCE  // timing experiment only: dQ never added
-          hptx::tma_reduce_add_5d(tm_dq, dq_stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
-#endif
-          hptx::bulk_commit();
-          if (sem) {
-            hptx::bulk_wait0();
-            hptx::fence_proxy_async_global();
-            ptx::release_counter_inc(sem);
-          }
-        }
+        // (deterministic mode: one add per warpgroup per key block, disjoint columns)
+        if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
         pending_stage = pipe.stage;
         pipe.advance();
         buf ^= 1;
