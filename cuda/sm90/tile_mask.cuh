@@ -70,6 +70,10 @@ struct SegmentBits {
   // compare: kRegs / 16 coalesced loads per lane and warp reductions instead of
   // kRegs / 2 scattered loads and kRegs compares per thread. `cols`: fetch_cols of
   // the block (fetched ahead by SegmentAhead, or just now by load); `rows`: row_range.
+  // kShuffle: the slow path takes each column's id from the lane that fetched it
+  // (cols: column 32 k + lane) with a warp shuffle instead of a global load (no
+  // memory latency on blocks that straddle documents).
+  template <bool kShuffle = false>
   __device__ __forceinline__ void compare(const int (&row_ids)[2], int2 rows, const int (&cols)[kPerLane],
                                           const int32_t* seg, int col0, int t, int limit) {
     int cmin = cols[0], cmax = cols[0];
@@ -91,7 +95,11 @@ struct SegmentBits {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int c = col0 + 8 * j + 2 * t + e;
-        const int id = c < limit ? __ldg(seg + c) : -1;
+        int id;
+        if constexpr (kShuffle)  // (column 8 j + 2 t + e: cols[j / 4] of lane 8 (j % 4) + 2 t + e)
+          id = __shfl_sync(0xffffffffu, cols[j / 4], 8 * (j % 4) + 2 * t + e);
+        else
+          id = c < limit ? __ldg(seg + c) : -1;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int i = 4 * j + 2 * h + e;
@@ -133,7 +141,7 @@ struct SegmentAhead {
 #pragma unroll
     for (int k = 0; k < Bits::kPerLane; ++k) cur[k] = cols[k];
     if (next_col0 >= 0) Bits::fetch_cols(cols, seg, next_col0, limit);
-    bits.compare(row_ids, rows, cur, seg, col0, t, limit);
+    bits.template compare<true>(row_ids, rows, cur, seg, col0, t, limit);
   }
 };
 
