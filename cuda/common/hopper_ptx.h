@@ -143,7 +143,7 @@ __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32
 }
 
 // D(64x176, f32) (+)= A(64x16, smem desc) * B(16x176, smem desc); scale_d = 0 overwrites D.
-// (N = 176: the forward's wide key block at head dim 128, an experiment.)
+// (N = 176: the forward's 176-key block at head dim 128, its default at S >= 8192.)
 template <typename Elem, int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_ss_m64n176k16(float (&d)[88], uint64_t desc_a, uint64_t desc_b, int scale_d) {
 #define JAXATTN_WGMMA_SS(TY)                                                              \

@@ -1,7 +1,8 @@
 // Which (query, key) pairs a masked attention call lets through, for the CUDA
 // kernels of every architecture: causal + local window + per-batch lengths in
 // closed form (tile ranges and a per-element predicate), document segments as
-// CTA-wide id scans (tiles whose ids cannot match are never visited), the
+// per-warp reads of the ids' (min, max) per-64 tables, or CTA-wide scans of the
+// ids without them (tiles whose ids cannot match are never visited), the
 // dense bias and mask read in place through their broadcast strides, and the
 // logit soft cap. Layout-agnostic: a kernel maps its accumulator fragments to
 // (row, column) itself (sm80: sm80/softmax.cuh prescale_logits, apply_visibility).
