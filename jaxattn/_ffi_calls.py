@@ -55,6 +55,8 @@ def segment_ranges(ids):
     if length > full * SEGMENT_BLOCK:
         tail = ids[..., full * SEGMENT_BLOCK:]
         parts.append(jnp.stack([tail.min(axis=-1), tail.max(axis=-1)], axis=-1)[..., None, :])
+    if not parts:  # (no ids: an empty table)
+        return jnp.zeros(ids.shape[:-1] + (0, 2), jnp.int32)
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-2)
 
 

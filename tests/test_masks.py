@@ -838,7 +838,7 @@ def test_bias_gradient_only_when_differentiated():
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("length", [1, 63, 64, 65, 200])
+@pytest.mark.parametrize("length", [0, 1, 63, 64, 65, 200])
 def test_segment_ranges_table(length):
     """The (min, max) per 64 ids that the CUDA kernels read (unsorted ids, a short last block)."""
     from jaxattn._ffi_calls import SEGMENT_BLOCK, segment_ranges
