@@ -302,28 +302,55 @@ static double read_bandwidth() {
   return bytes / (best * 1e-3);
 }
 
-// GB/s of one kernel on one call: 3 warm-up calls (they also size the
-// repetitions: ~40 ms of timed calls, 10..200), then back-to-back calls timed
-// with CUDA events.
-static double time_call(const AttnParams& p, int kernel, int variant, double bytes, int chunk = 0) {
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  CUDA_CHECK(cudaEventRecord(e0));
-  for (int w = 0; w < 3; ++w) check_launch(run_kernel(p, kernel, chunk, variant));
-  CUDA_CHECK(cudaEventRecord(e1));
-  CUDA_CHECK(cudaEventSynchronize(e1));
-  float ms = 0.f;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  const int reps = std::min(200, std::max(10, int(40.f / std::max(ms / 3, 1e-3f))));
-  CUDA_CHECK(cudaEventRecord(e0));
-  for (int r = 0; r < reps; ++r) check_launch(run_kernel(p, kernel, chunk, variant));
-  CUDA_CHECK(cudaEventRecord(e1));
-  CUDA_CHECK(cudaEventSynchronize(e1));
-  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return bytes / (ms * 1e-3 / reps) / 1e9;
+// Timing of one kernel on one call: 3 warm-up calls, which also size the
+// repetitions of a sample (~40 ms of back-to-back calls, 10..200); sample()
+// times one such batch with CUDA events. Callers take samples of several
+// kernels round robin, so clock / thermal drift lands on all of them alike
+// (timed one after the other, the same variant read up to 11 points of
+// bandwidth apart in one run, session 6).
+struct CallTimer {
+  const AttnParams* p;
+  int kernel, variant, chunk, reps;
+  std::vector<double> gbs;
+
+  CallTimer(const AttnParams& params, int kern, int var, int ch = 0) : p(&params), kernel(kern), variant(var), chunk(ch) {
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventRecord(e0));
+    for (int w = 0; w < 3; ++w) check_launch(run_kernel(*p, kernel, chunk, variant));
+    CUDA_CHECK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    reps = std::min(200, std::max(10, int(40.f / std::max(ms / 3, 1e-3f))));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  void sample(double bytes) {
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventRecord(e0));
+    for (int r = 0; r < reps; ++r) check_launch(run_kernel(*p, kernel, chunk, variant));
+    CUDA_CHECK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    gbs.push_back(bytes / (ms * 1e-3 / reps) / 1e9);
+  }
+  double median() {
+    std::sort(gbs.begin(), gbs.end());
+    return gbs[gbs.size() / 2];
+  }
+};
+
+// GB/s of each timer's call: `rounds` samples of every timer, round robin.
+static void time_round_robin(std::vector<CallTimer>& timers, double bytes, int rounds = 5) {
+  for (int r = 0; r < rounds; ++r)
+    for (CallTimer& t : timers) t.sample(bytes);
 }
 
 // The issue's rows (paged, page size 64, N=32 K=8 H=128 bf16 Tq=1, every row
@@ -343,7 +370,7 @@ static void bench(double peak) {
                       {"short", jc::kV2Short, false},
                       {"default contig", def, true},
                       {"short contig", jc::kV2Short, true},
-                      {"default again", def, false}};
+                      {"hoist (session-5 default)", jc::kV2Hoist, false}};
   constexpr int kCols = sizeof(cols) / sizeof(cols[0]);
   struct Row { int B, L; double g[kCols]; };
   std::vector<Row> rows;
@@ -357,7 +384,7 @@ static void bench(double peak) {
               "(%d); short: kV2Short (%d); 'nc': no cluster merge. [splits, c = cluster merge]\n", def, jc::kV2Short);
   std::printf("\n| B | L |");
   for (const Col& c : cols) std::printf(" %s |", c.name);
-  std::printf(" short/default |\n|---|---|");
+  std::printf(" default / hoist |\n|---|---|");
   for (int i = 0; i <= kCols; ++i) std::printf("---|");
   std::printf("\n");
   std::vector<std::string> sweep;
@@ -386,21 +413,26 @@ static void bench(double peak) {
       pc.k_batch_stride = pc.v_batch_stride = int64_t(L) * p.k_row_stride;
       const double bytes = (2.0 * B * L * K * H + 2.0 * B * N * H) * 2;
       Row r{B, L, {}};
+      std::vector<CallTimer> timers;
+      for (int i = 0; i < kCols; ++i) timers.emplace_back(cols[i].contig ? pc : p, 0, cols[i].variant);
+      time_round_robin(timers, bytes);
       std::printf("| %d | %d |", B, L);
       for (int i = 0; i < kCols; ++i) {
-        const AttnParams& pp = cols[i].contig ? pc : p;
-        r.g[i] = time_call(pp, 0, cols[i].variant, bytes);
-        std::printf(" %.0f (%.0f%%) [%s] |", r.g[i], pct(r.g[i]), plan_str(pp, cols[i].variant, 0).c_str());
-        std::fflush(stdout);
+        r.g[i] = timers[i].median();
+        std::printf(" %.0f (%.0f%%) [%s] |", r.g[i], pct(r.g[i]), plan_str(*timers[i].p, cols[i].variant, 0).c_str());
       }
-      std::printf(" %.2fx |\n", r.g[4] / (0.5 * (r.g[0] + r.g[kCols - 1])));
+      std::printf(" %.2fx |\n", r.g[0] / r.g[kCols - 1]);
       rows.push_back(r);
       if (g_sweep && L <= 16384 && !(B == 64 && L == 16384)) {
         // Split-count sweep (forced chunks of L / s keys): combine kernel, and kV2Short (cluster merge at 2 splits).
         for (int s : {1, 2, 3, 4, 6, 8}) {
           const int chunk = (L / s + 63) / 64 * 64;
-          const double a = time_call(p, 0, kShortNoCluster, bytes, chunk);
-          const double b = s > 1 ? time_call(p, 0, jc::kV2Short, bytes, chunk) : a;
+          std::vector<CallTimer> pair;
+          pair.emplace_back(p, 0, kShortNoCluster, chunk);
+          if (s > 1) pair.emplace_back(p, 0, jc::kV2Short, chunk);
+          time_round_robin(pair, bytes);
+          const double a = pair[0].median();
+          const double b = s > 1 ? pair[1].median() : a;
           char buf[200];
           std::snprintf(buf, sizeof buf, "| %d | %d | %d | %d | %.0f (%.0f%%) | %.0f (%.0f%%) |", B, L, s,
                         (B * K * s + 263) / 264, a, pct(a), b, pct(b));
@@ -416,11 +448,11 @@ static void bench(double peak) {
     for (const std::string& l : sweep) std::printf("%s\n", l.c_str());
   }
   std::printf("\n== issue-9 bar: paged (page 64, shuffled), %% of read bandwidth %.0f GB/s; bar 85%%\n", peak / 1e9);
-  std::printf("| B | L | default | default again | short | short / mean(default) | default contig | short contig |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  std::printf("| B | L | default | hoist (session-5 default) | default / hoist | default contig |\n"
+              "|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
-    std::printf("| %d | %d | %.0f%% | %.0f%% | %.0f%% | %.2fx | %.0f%% | %.0f%% |\n", r.B, r.L, pct(r.g[0]),
-                pct(r.g[kCols - 1]), pct(r.g[4]), r.g[4] / (0.5 * (r.g[0] + r.g[kCols - 1])), pct(r.g[5]), pct(r.g[6]));
+    std::printf("| %d | %d | %.0f%% | %.0f%% | %.2fx | %.0f%% |\n", r.B, r.L, pct(r.g[0]), pct(r.g[kCols - 1]),
+                r.g[0] / r.g[kCols - 1], pct(r.g[5]));
 }
 
 int main(int argc, char** argv) {
