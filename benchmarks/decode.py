@@ -91,6 +91,11 @@ def measure(jax, fn, args, reps, warmup, batches=3):
     return statistics.median(times), out
 
 
+def failure(e) -> dict:
+    """The record of an implementation that failed (unsupported, out of memory, ...)."""
+    return {"ms": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+
+
 def gather_pages(pages, table):
     """A paged cache [num_pages, page_size, K, H] as the contiguous [B, max_pages *
     page_size, K, H] cache of the rows of `table` [B, max_pages] (what a caller of
@@ -195,7 +200,7 @@ def main(argv=None):
                             block_table=table if paged else None, implementation=impl, platform=platform)
                     compiled[name], times[name] = fn, []
                 except Exception as e:  # noqa: BLE001 - record and go on
-                    rec = {"ms": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+                    rec = failure(e)
                 row["impls"][name] = rec
             for _ in range(args.rep_batches):
                 for name, fn in list(compiled.items()):
@@ -203,8 +208,7 @@ def main(argv=None):
                         t, _ = measure(jax, fn, inputs, args.reps, 0, batches=1)
                         times[name].append(t)
                     except Exception as e:  # noqa: BLE001
-                        row["impls"][name] = {"ms": None,
-                                              "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+                        row["impls"][name] = failure(e)
                         del compiled[name]
             for name in compiled:
                 t = statistics.median(times[name])

@@ -111,6 +111,9 @@ def main(argv=None) -> int:
     # round robin (one sample of each per repetition): clock / thermal drift lands on
     # every row and implementation alike, so the packed / separate and cuDNN ratios
     # do not depend on what ran first.
+    def failure(e):
+        return {"median_ms": None, "tflops": None, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+
     rows, timers = [], []
     for name, (arrs, kw, nn_kw, pairs) in configs.items():
         impls = {"jaxattn": lambda q, k, v, kw=kw: jaxattn.flash_attention(q, k, v, is_causal=True, **kw)}
@@ -128,8 +131,7 @@ def main(argv=None) -> int:
                     state, _ = prepare(jax, fn_for(attn, pass_), [arrs], args.warmup)
                     timers.append((row, impl, state, arrs))
                 except Exception as e:  # noqa: BLE001  (cuDNN refuses some combinations)
-                    row["results"][impl] = {"median_ms": None, "tflops": None,
-                                            "error": f"{type(e).__name__}: {str(e)[:200]}"}
+                    row["results"][impl] = failure(e)
     for i in range(args.reps):
         for row, impl, state, arrs in timers:
             if impl in row["results"]:
@@ -137,8 +139,7 @@ def main(argv=None) -> int:
             try:
                 sample(jax, state, [arrs], i)
             except Exception as e:  # noqa: BLE001
-                row["results"][impl] = {"median_ms": None, "tflops": None,
-                                        "error": f"{type(e).__name__}: {str(e)[:200]}"}
+                row["results"][impl] = failure(e)
     for row, impl, state, _ in timers:
         if impl not in row["results"]:
             stats = stats_of(state)

@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
     tile = fwd_tile_from_block<Tr, kCausal>(args);
     if constexpr (kMasked) {
       // Q does not depend on the key range: its load goes out first, so its latency
-      // and the range's (segment-id loads, two barriers) overlap instead of adding
-      // up (~1-2 us of a CTA that may run only ~8 us: packed 1K-token documents).
+      // and the range's (MaskView set-up, a barrier, the segment-id loads) overlap
+      // instead of adding up.
       if (threadIdx.x == 0) FwdMainloop<Tr>::load_q(&params.tm_q, sm, tile);
       fwd_mask_tile<Tr>(tile, args, mask_view, mask_red);
     }
