@@ -51,27 +51,20 @@ struct BwdStepMask {
       if (segments) load_row_ids(key_ids, v->kv_seg, key0, v->kv_len);
     }
   }
-#ifdef JAXATTN_EXP_SEG_AHEAD  // measurement switch: the next step's query ids fetched during this one
-  SegmentAhead<kMasked ? kCols / 2 : 4> ahead;
-#endif
+  SegmentAhead<kMasked ? kCols / 2 : 4> ahead;  // the next step's query ids, fetched during this one
   // Before the first step (its query columns from first_q0; < 0: no step).
   __device__ __forceinline__ void begin(int first_q0) {
-#ifdef JAXATTN_EXP_SEG_AHEAD
     if constexpr (kMasked) {
       if (segments && first_q0 >= 0) ahead.start(key_ids, view->q_seg, first_q0, view->q_len);
     }
-#endif
     (void)first_q0;
   }
-  // The segment-id matches of the step's query columns q0 ... (before waiting for S^T);
-  // next_q0: the next step's (< 0: none).
-  __device__ __forceinline__ void load_ids(int q0, int next_q0, int t) {
+  // The segment-id matches of this step's query columns (before waiting for S^T; their
+  // ids were fetched a step ahead), and the fetch of the next step's from next_q0 (< 0:
+  // none).
+  __device__ __forceinline__ void load_ids(int next_q0, int t) {
     if constexpr (kMasked) {
-#ifdef JAXATTN_EXP_SEG_AHEAD
-      if (segments) ahead.step(seg, key_ids, view->q_seg, q0, next_q0, t, view->q_len);
-#else
-      if (segments) seg.load(key_ids, view->q_seg, q0, t, view->q_len);
-#endif
+      if (segments) ahead.step(seg, key_ids, view->q_seg, next_q0, t, view->q_len);
     }
     (void)next_q0;
   }
@@ -438,7 +431,7 @@ struct BwdMainloop {
         pass_turn(wg);
         prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next);
         const int next_m = next_step_block(tile, args.group, hg, m);
-        mask.load_ids(q_base, next_m < 0 ? -1 : next_m * kBlockM, t);
+        mask.load_ids(next_m < 0 ? -1 : next_m * kBlockM, t);
 
         // P^T once S^T is in.
         hptx::wgmma_wait<1>();

@@ -124,7 +124,7 @@ struct BwdMainloopWide {
         hptx::wgmma_commit();
         Base::prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next, wg * kQCols);
         const int next_m = Base::next_step_block(tile, args.group, hg, m);
-        mask.load_ids(q0, next_m < 0 ? -1 : next_m * kBlockM + wg * kQCols, t);
+        mask.load_ids(next_m < 0 ? -1 : next_m * kBlockM + wg * kQCols, t);
 
         // The previous step's reduce-add has read its staging: that stage is free.
         if (tid == 0 && pending_stage >= 0) {

@@ -153,12 +153,12 @@ struct FwdMainloop {
     float alpha[2];
 
     // Masked: segment ids of this thread's rows (once), compared with the block's
-    // columns' by load_ids(n) before the S wgmma is waited for.
+    // columns' (fetched a block ahead) by load_ids(n) before the S wgmma is waited for.
     const bool segments = kMasked && mask_view->q_seg != nullptr;
     int row_ids[2] = {0, 0};
     SegmentBits<kMasked ? kSRegs : 4> seg;
     if (segments) load_row_ids(row_ids, mask_view->q_seg, row0, mask_view->q_len);
-#ifdef JAXATTN_EXP_SEG_AHEAD  // measurement switch: block n + 1's key ids fetched during block n
+    // Block n + 1's key ids are fetched during block n (SegmentAhead).
     SegmentAhead<kMasked ? kSRegs : 4> ahead;
     if constexpr (kMasked) {
       if (segments) ahead.start(row_ids, mask_view->kv_seg, tile.n_begin * kBlockN, mask_view->kv_len);
@@ -166,17 +166,10 @@ struct FwdMainloop {
     auto load_ids = [&](int n) {
       if constexpr (kMasked) {
         if (segments)
-          ahead.step(seg, row_ids, mask_view->kv_seg, n * kBlockN, n + 1 < tile.n_blocks ? (n + 1) * kBlockN : -1,
-                     t, mask_view->kv_len);
+          ahead.step(seg, row_ids, mask_view->kv_seg, n + 1 < tile.n_blocks ? (n + 1) * kBlockN : -1, t,
+                     mask_view->kv_len);
       }
     };
-#else
-    auto load_ids = [&](int n) {
-      if constexpr (kMasked) {
-        if (segments) seg.load(row_ids, mask_view->kv_seg, n * kBlockN, t, mask_view->kv_len);
-      }
-    };
-#endif
     // Masking is needed where the block has keys >= S, or (causal) keys past the
     // first row of this warpgroup; masked kernels: the soft cap, then where the
     // block may hide a pair of this warp's rows.

@@ -67,15 +67,11 @@ struct SegmentBits {
 
   // Fast path (warp-uniform): when the tile's 2 kRegs columns carry one id and so do
   // the warp's rows (a block inside one packed document), the bits follow from one
-  // compare: kRegs / 16 coalesced loads per lane and warp reductions instead of
-  // kRegs / 2 scattered loads and kRegs compares per thread. `cols`: fetch_cols of
-  // the block (fetched ahead by SegmentAhead, or just now by load); `rows`: row_range.
-  // kShuffle: the slow path takes each column's id from the lane that fetched it
-  // (cols: column 32 k + lane) with a warp shuffle instead of a global load (no
-  // memory latency on blocks that straddle documents).
-  template <bool kShuffle = false>
-  __device__ __forceinline__ void compare(const int (&row_ids)[2], int2 rows, const int (&cols)[kPerLane],
-                                          const int32_t* seg, int col0, int t, int limit) {
+  // compare and warp reductions. Otherwise (a block that straddles documents) each
+  // column's id comes from the lane that fetched it (cols: column 32 k + lane) by a
+  // warp shuffle: no memory latency in either case. `cols`: fetch_cols of the block
+  // (fetched a block ahead by SegmentAhead); `rows`: row_range.
+  __device__ __forceinline__ void compare(const int (&row_ids)[2], int2 rows, const int (&cols)[kPerLane], int t) {
     int cmin = cols[0], cmax = cols[0];
 #pragma unroll
     for (int k = 1; k < kPerLane; ++k) cmin = min(cmin, cols[k]), cmax = max(cmax, cols[k]);
@@ -94,12 +90,8 @@ struct SegmentBits {
     for (int j = 0; j < kRegs / 4; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int c = col0 + 8 * j + 2 * t + e;
-        int id;
-        if constexpr (kShuffle)  // (column 8 j + 2 t + e: cols[j / 4] of lane 8 (j % 4) + 2 t + e)
-          id = __shfl_sync(0xffffffffu, cols[j / 4], 8 * (j % 4) + 2 * t + e);
-        else
-          id = c < limit ? __ldg(seg + c) : -1;
+        // (column 8 j + 2 t + e: cols[j / 4] of lane 8 (j % 4) + 2 t + e)
+        const int id = __shfl_sync(0xffffffffu, cols[j / 4], 8 * (j % 4) + 2 * t + e);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int i = 4 * j + 2 * h + e;
@@ -107,22 +99,14 @@ struct SegmentBits {
         }
       }
   }
-  // load() reads the ids of the columns from col0 (-1 past `limit`) and compares
-  // them with the rows' ids at once: called before the wgmma wait, its loads'
-  // latency hides behind the tensor cores (as far as they last), and only the bits
-  // stay in registers.
-  __device__ __forceinline__ void load(const int (&row_ids)[2], const int32_t* seg, int col0, int t, int limit) {
-    int cols[kPerLane];
-    fetch_cols(cols, seg, col0, limit);
-    compare(row_ids, row_range(row_ids), cols, seg, col0, t, limit);
-  }
   __device__ __forceinline__ bool same(int i) const { return (bits[i / 32] >> (i % 32)) & 1u; }
 };
 
-// SegmentBits with the fast path's column ids fetched one block ahead and the rows'
-// id range reduced once per tile: the compare of block n waits on nothing, the loads
-// of block n + 1 have a whole block to land (with load() they had the span of the
-// S wgmma, and the reductions right after them waited out the L2 latency).
+// SegmentBits fed one block ahead, the rows' id range reduced once per tile: the
+// compare of block n waits on nothing, and the loads of block n + 1 have a whole
+// block to land (session 7: loads issued just before the S wgmma wait left the
+// reductions after them waiting out the L2 latency; fetching ahead cut the packed
+// 1000-token-document forward 10%).
 template <int kRegs>
 struct SegmentAhead {
   using Bits = SegmentBits<kRegs>;
@@ -133,15 +117,15 @@ struct SegmentAhead {
     rows = Bits::row_range(row_ids);
     Bits::fetch_cols(cols, seg, first_col0, limit);
   }
-  // bits of the block at col0 (fetched by the previous call or start), then the fetch
-  // of the block at next_col0 (< 0: none).
-  __device__ __forceinline__ void step(Bits& bits, const int (&row_ids)[2], const int32_t* seg, int col0,
-                                       int next_col0, int t, int limit) {
+  // bits of this block (fetched by the previous call or start), then the fetch of
+  // the block at next_col0 (< 0: none).
+  __device__ __forceinline__ void step(Bits& bits, const int (&row_ids)[2], const int32_t* seg, int next_col0, int t,
+                                       int limit) {
     int cur[Bits::kPerLane];
 #pragma unroll
     for (int k = 0; k < Bits::kPerLane; ++k) cur[k] = cols[k];
     if (next_col0 >= 0) Bits::fetch_cols(cols, seg, next_col0, limit);
-    bits.template compare<true>(row_ids, rows, cur, seg, col0, t, limit);
+    bits.compare(row_ids, rows, cur, t);
   }
 };
 
