@@ -72,9 +72,13 @@ struct BwdTraits {
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
   static constexpr int kStages = 2;  // (3 at head dim 64: same speed, session 5)
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  // (the dQ warp's loop needs 32: 128 x 32 + 256 x 240 = the 64K register file)
+  // setmaxnreg only moves registers inside the CTA's launch allocation, 168 per thread
+  // x 384 (__launch_bounds__(384, 1)) = 64512, not the whole 64K file: 128 x 24 + 256 x
+  // 240 fills it exactly. The dQ warp's loop needs 32, so its consumers get 232
+  // (128 x 32 + 256 x 240 was 1024 over: setmaxnreg.inc waited forever, session 7).
   static constexpr int kProducerRegs = kDqWarp ? 32 : 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kConsumerRegs = kDqWarp ? 232 : 240;
+  static_assert((kProducerRegs + kConsumerWarpgroups * kConsumerRegs) * 128 <= 168 * 384, "register pool");
 
   static constexpr int kChunks = kHeadDim / 64;
   static constexpr int kDqCols = kHeadDim / 2;                           // dQ columns per warpgroup
