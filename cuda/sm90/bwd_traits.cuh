@@ -61,13 +61,12 @@ struct BwdTraits {
   // Wide: both warpgroups share the CTA's 64 keys and split the head dim.
   static constexpr bool kWide = kHeadDim == 256;
   static constexpr int kConsumerWarpgroups = 2;  // each owns 64 keys (wide: half the head dim)
-#ifdef JAXATTN_EXP_BWD_DQ_WARP  // measurement switch: dQ reduce-adds issued by a producer-side warp
-  // The narrow tile's dQ staging goes through full / empty mbarriers per warpgroup
-  // (consumers write and arrive; warp 1 of the producer warpgroup issues the add).
-  static constexpr bool kDqWarp = !kWide;
-#else
-  static constexpr bool kDqWarp = false;
-#endif
+  // Head dim 64: the dQ staging goes through full / empty mbarriers per warpgroup
+  // (consumers write and arrive; warp 1 of the producer warpgroup issues the
+  // reduce-add), so no consumer waits on a named barrier for it: +2-7% (session 7,
+  // same run: T=16K 384 -> 410 non-causal, 373 -> 386 causal). At 128 it costs the
+  // consumers 8 registers (below) and lost 13-15%; 256 (wide) has its own path.
+  static constexpr bool kDqWarp = kHeadDim == 64;
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
   static constexpr int kStages = 2;  // (3 at head dim 64: same speed, session 5)
