@@ -75,17 +75,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     hptx::mbar_init_fence();
     // K / V do not depend on the query range: with masks their loads go out before
     // it is computed, so the two latencies overlap instead of adding up.
-    if constexpr (kMasked) {
-      BwdMainloop<Tr>::load_kv(&params.tm_k, &params.tm_v, sm, tile);
-      mask_view = MaskView::of(args.attn, tile.batch);
-    }
+    if constexpr (kMasked) BwdMainloop<Tr>::load_kv(&params.tm_k, &params.tm_v, sm, tile);
   }
-  __syncthreads();
   if constexpr (kMasked) {
-    const int2 blocks = cta_query_blocks<Tr::kBlockM, Tr::kBlockN>(mask_view, tile.n_block * Tr::kBlockN, mask_red);
+    // Every thread builds the view and finds the range itself (range tables: one
+    // round of loads per warp, no barrier), before the one barrier; warp 1 (idle
+    // in the producer warpgroup) publishes the view for the consumers.
+    const MaskView view = MaskView::of(args.attn, tile.batch);
+    if (threadIdx.x == 32) mask_view = view;
+    const int2 blocks = cta_query_blocks<Tr::kBlockM, Tr::kBlockN>(view, tile.n_block * Tr::kBlockN, mask_red);
     tile.m_begin = blocks.x;
     tile.m_end = blocks.y;
   }
+  __syncthreads();
 
   if (warpgroup == 0) {
     hptx::setmaxnreg_dec<Tr::kProducerRegs>();

@@ -81,8 +81,7 @@ struct BwdStepMask {
         for (int i = 0; i < kPairs; ++i)
           grad[i] = ptx::pack2<__half>(cuda::softcap_grad(s[2 * i], inv_cap), cuda::softcap_grad(s[2 * i + 1], inv_cap));
       }
-      if (warp_needs_mask<false, 64>(*view, key_first, q0, segments, seg))
-        mask_tile<false>(s, *view, key0, q0, t, segments, seg);
+      mask_tile_where_needed<false, 64, false>(s, *view, key_first, key0, q0, t, segments, seg);
     }
   }
   // dS^T of the capped logits -> of the raw ones (times the cap's gradient).

@@ -71,13 +71,17 @@ __device__ __forceinline__ FwdTile fwd_tile_from_block(const FwdArgs& a) {
 }
 
 // Masked instantiations (window, lengths, segments, soft cap; non-persistent grid):
-// the tile's key blocks narrowed to what some row of the tile may see (block-wide
-// scans of the segment ids: every thread of the CTA calls it). `view` and `red`
-// live in shared memory; the consumers read the mask from `view`.
+// the tile's key blocks narrowed to what some row of the tile may see. Every thread
+// builds the MaskView in registers and finds the range itself (with range tables:
+// one round of loads per warp, no barrier), so nothing waits on one thread before
+// the kernel's first barrier; warp 1 (idle in the producer warpgroup) publishes the
+// view in `shared` for the consumers. (Session 7: thread 0 building it, then a
+// barrier, then the range, then another barrier cost ~10% of a short-document
+// forward.) `red`: the exact scan's scratch (no range tables).
 template <class Tr>
-__device__ __forceinline__ void fwd_mask_tile(FwdTile& tile, const FwdArgs& a, MaskView& view, int* red) {
-  if (threadIdx.x == 0) view = MaskView::of(a.attn, tile.batch);
-  __syncthreads();
+__device__ __forceinline__ void fwd_mask_tile(FwdTile& tile, const FwdArgs& a, MaskView& shared, int* red) {
+  const MaskView view = MaskView::of(a.attn, tile.batch);
+  if (threadIdx.x == 32) shared = view;
   const int2 blocks = cta_key_blocks<Tr::kBlockM, Tr::kBlockN>(view, tile.m_block * Tr::kBlockM, red);
   tile.n_begin = blocks.x;
   tile.n_blocks = blocks.y;
@@ -119,8 +123,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
     tile = fwd_tile_from_block<Tr, kCausal>(args);
     if constexpr (kMasked) {
       // Q does not depend on the key range: its load goes out first, so its latency
-      // and the range's (MaskView set-up, a barrier, the segment-id loads) overlap
-      // instead of adding up.
+      // and the range's (the segment-id range-table loads) overlap instead of adding up.
       if (threadIdx.x == 0) FwdMainloop<Tr>::load_q(&params.tm_q, sm, tile);
       fwd_mask_tile<Tr>(tile, args, mask_view, mask_red);
     }

@@ -180,8 +180,7 @@ struct FwdMainloop {
       if constexpr (kMasked) {
         const MaskView& m = *mask_view;
         if (args.attn.softcap > 0.f) softcap_tile(s, args.attn.scale, args.attn.softcap);
-        if (warp_needs_mask<true, 16>(m, wg_row0 + 16 * warp, n * kBlockN, segments, seg))
-          mask_tile<true>(s, m, row0, n * kBlockN, t, segments, seg);
+        mask_tile_where_needed<true, 16, true>(s, m, wg_row0 + 16 * warp, row0, n * kBlockN, t, segments, seg);
       } else {
         if (needs_mask(n)) apply_mask<kBlockN, kCausal>(s, n * kBlockN, row0, t, S);
       }

@@ -146,7 +146,7 @@ __device__ __forceinline__ void softcap_tile(float (&acc)[kRegs], float scale, f
 // Sets to -inf the elements whose (query, key) pair the mask hides. kRowsAreQueries:
 // the forward's layout (rows = queries at row0 + 8 h, columns = keys from col0);
 // otherwise the backward's transposed S^T (rows = keys, columns = queries).
-// seg: the elements' segment-id matches (used only when `segments`).
+// segments: also hide the pairs whose segment ids differ (seg: the matches).
 template <bool kRowsAreQueries, int kRegs>
 __device__ __forceinline__ void mask_tile(float (&acc)[kRegs], const MaskView& m, int row0, int col0, int t,
                                           bool segments, const SegmentBits<kRegs>& seg) {
@@ -167,13 +167,19 @@ __device__ __forceinline__ void mask_tile(float (&acc)[kRegs], const MaskView& m
       }
 }
 
-// Whether a warp's accumulator tile needs mask_tile (warp-uniform): the block may
-// cut rows [row_first, row_first + kRows) (MaskView::tile_partial; kRows = 16:
-// the warp's own rows, 64: its warpgroup's), or, with segment ids, some element of
-// the warp pairs different ids.
-template <bool kRowsAreQueries, int kRows, int kRegs>
-__device__ __forceinline__ bool warp_needs_mask(const MaskView& m, int row_first, int col0, bool segments,
-                                                const SegmentBits<kRegs>& seg) {
+// Masks a warp's accumulator tile where it needs it (warp-uniform decisions): not at
+// all when the block cuts none of rows [row_first, row_first + kRows)
+// (MaskView::tile_partial; kRows = 16: the warp's own rows, 64: its warpgroup's) and
+// every pair of the warp shares a segment id; with the window / length / causal
+// bounds only when the ids all match (a block inside one packed document: the
+// segment test per element would change nothing); with both otherwise.
+// kSpecialize: two inlined copies of mask_tile, one without the segment test (the
+// forward); otherwise one copy with the test behind a uniform predicate (the
+// backward at H=128 spills 8 bytes with two).
+template <bool kRowsAreQueries, int kRows, bool kSpecialize, int kRegs>
+__device__ __forceinline__ void mask_tile_where_needed(float (&acc)[kRegs], const MaskView& m, int row_first,
+                                                       int row0, int col0, int t, bool segments,
+                                                       const SegmentBits<kRegs>& seg) {
   const int c1 = col0 + 2 * kRegs;  // (kRegs / 4 column groups of 8)
   const bool partial = kRowsAreQueries ? m.tile_partial(row_first, row_first + kRows, col0, c1)
                                        : m.tile_partial(col0, c1, row_first, row_first + kRows);
@@ -183,7 +189,15 @@ __device__ __forceinline__ bool warp_needs_mask(const MaskView& m, int row_first
     for (int w = 0; w < (kRegs + 31) / 32; ++w)
       all_same = all_same && seg.bits[w] == (kRegs - 32 * w >= 32 ? 0xffffffffu : (1u << (kRegs - 32 * w)) - 1u);
   }
-  return __any_sync(0xffffffffu, partial || !all_same);
+  const bool cut_ids = __any_sync(0xffffffffu, !all_same);
+  if constexpr (kSpecialize) {
+    if (cut_ids)
+      mask_tile<kRowsAreQueries>(acc, m, row0, col0, t, true, seg);
+    else if (__any_sync(0xffffffffu, partial))
+      mask_tile<kRowsAreQueries>(acc, m, row0, col0, t, false, seg);
+  } else if (cut_ids || __any_sync(0xffffffffu, partial)) {
+    mask_tile<kRowsAreQueries>(acc, m, row0, col0, t, cut_ids, seg);
+  }
 }
 
 }  // namespace jaxattn::sm90
