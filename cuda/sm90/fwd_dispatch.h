@@ -13,7 +13,7 @@ namespace jaxattn::sm90 {
 // Main-loop schedule. kOverlap: QK(n) and PV(n-1) in flight together; kSerial:
 // S -> softmax -> PV one block after the other (simplest, for checking). The
 // *Pingpong forms add turn-taking of the two consumer warpgroups' wgmma issue.
-// kDefault: the measured best for the head dim (see default_variant).
+// kDefault: the measured best for the shape (default_variant, default_persistent).
 // kOverlap3: kOverlap with three consumer warpgroups (192-row tiles) at head dim 64;
 // the same as kOverlap at other head dims.
 // kPersistent: the default schedule on a persistent grid (one CTA per SM looping
