@@ -22,7 +22,8 @@ struct FwdEpilogue {
   static constexpr int kHeadDim = Tr::kHeadDim;
   static constexpr int kBlockM = Tr::kBlockM;
 
-  // Requires: this warpgroup's wgmma reads of Q are complete (true after the main loop).
+  // Requires: this warpgroup's wgmma reads of Q are complete (true after the main loop;
+  // with Tr::kSeparateO the Q tile is not touched).
   __device__ static void store(float (&o)[kHeadDim / 2], OnlineSoftmax<Tr::kBlockN>& softmax,
                                const CUtensorMap* tm_o, const FwdSmem<Tr>& sm, const FwdTile& tile,
                                const FwdArgs& args, int wg, int tid) {
@@ -30,8 +31,11 @@ struct FwdEpilogue {
     float inv_sum[2], lse[2];
     softmax.finalize(args.scale, inv_sum, lse);
 
-    // O -> this warpgroup's 64 rows of the Q tile (free of bank conflicts: same swizzle).
-    const uint32_t rows = sm.q() + wg * 64 * 128;
+    // O -> this warpgroup's 64 rows of the Q tile (free of bank conflicts: same swizzle),
+    // or of the O buffer (Tr::kSeparateO), which the previous tile's TMA store has read
+    // once thread 0 of the warpgroup is past its bulk_wait_read0 (the barrier).
+    if constexpr (Tr::kSeparateO) hptx::named_bar_sync(1 + wg, 128);
+    const uint32_t rows = sm.o() + wg * 64 * 128;
     store_acc_sw128<Elem, kHeadDim>(o, inv_sum, rows, kBlockM * 128, warp * 16 + g, t);
     hptx::fence_proxy_async_smem();
     hptx::named_bar_sync(1 + wg, 128);

@@ -106,7 +106,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
 
   if (threadIdx.x == 0) {
     hptx::mbar_init(sm.bar_q(), 1);
-    hptx::mbar_init(sm.bar_q_empty(), Tr::kConsumerWarpgroups);
+    // (q_empty: one arrival per consumer warpgroup after its epilogue; with
+    // Tr::kSeparateO one per consumer warp after the tile's last S wgmma)
+    hptx::mbar_init(sm.bar_q_empty(), Tr::kSeparateO ? 4 * Tr::kConsumerWarpgroups : Tr::kConsumerWarpgroups);
 #pragma unroll
     for (int s = 0; s < Tr::kStages; ++s) {
       hptx::mbar_init(sm.bar_k_full(s), 1);
@@ -159,10 +161,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
       uint32_t q_phase = 0;
       for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
         const FwdTile t = fwd_tile<Tr, kCausal>(args, idx);
-        FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong>(o, softmax, sm, t, args, wg, tid, pipe,
-                                                                        q_phase);
+        FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, false, Tr::kSeparateO>(
+            o, softmax, sm, t, args, wg, tid, pipe, q_phase);
         FwdEpilogue<Tr>::store(o, softmax, &params.tm_o, sm, t, args, wg, tid);
-        if (tid == 0) hptx::mbar_arrive(sm.bar_q_empty());  // (store() waited for its TMA reads)
+        // (store() waited for its TMA reads; kSeparateO: consume() released Q already)
+        if (!Tr::kSeparateO && tid == 0) hptx::mbar_arrive(sm.bar_q_empty());
       }
     } else {
       FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, kMasked>(o, softmax, sm, tile, args, wg, tid,

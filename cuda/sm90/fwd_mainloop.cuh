@@ -129,8 +129,10 @@ struct FwdMainloop {
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
   // pipe: the K / V ring position (carried from tile to tile); q_phase: parity of
   // this tile's Q load. kMasked: the mask is `mask` (shared memory); an empty
-  // tile (no visible key) runs no block and leaves O = 0, lse = -inf.
-  template <bool kCausal, bool kOverlap, bool kPingpong, bool kMasked = false>
+  // tile (no visible key) runs no block and leaves O = 0, lse = -inf. kReleaseQ
+  // (persistent grid with Tr::kSeparateO): each warp arrives on q_empty once the
+  // tile's last S wgmma has read Q, so the next tile's Q loads meanwhile.
+  template <bool kCausal, bool kOverlap, bool kPingpong, bool kMasked = false, bool kReleaseQ = false>
   __device__ static void consume(float (&o)[kORegs], OnlineSoftmax<kBlockN>& softmax, const FwdSmem<Tr>& sm,
                                  const FwdTile& tile, const FwdArgs& args, int wg, int tid, Pipe& pipe,
                                  uint32_t q_phase, const MaskView* mask_view = nullptr) {
@@ -202,6 +204,7 @@ struct FwdMainloop {
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(s);
         release(sm.bar_k_empty(pipe.stage), lane);
+        if (kReleaseQ && n == tile.n_blocks - 1) release(sm.bar_q_empty(), lane);
         mask(n);
         softmax.step(s, sl2, alpha);
         rescale_o(o, alpha);
@@ -229,6 +232,7 @@ struct FwdMainloop {
       hptx::wgmma_wait<0>();
       hptx::reg_fence_array(s);
       release(sm.bar_k_empty(pipe.stage), lane);
+      if (kReleaseQ && tile.n_begin == tile.n_blocks - 1) release(sm.bar_q_empty(), lane);
       mask(tile.n_begin);
       softmax.step(s, sl2, alpha);
       convert_p(s, p);
@@ -249,6 +253,7 @@ struct FwdMainloop {
         hptx::wgmma_wait<1>();  // S(n) done, PV(n-1) may still run
         hptx::reg_fence_array(s);
         release(sm.bar_k_empty(pipe.stage), lane);
+        if (kReleaseQ && n == tile.n_blocks - 1) release(sm.bar_q_empty(), lane);
         mask(n);
         softmax.step(s, sl2, alpha);
         hptx::wgmma_wait<0>();

@@ -13,13 +13,16 @@ struct FwdSmem {
   __device__ __forceinline__ uint32_t q() const { return base + Tr::kOffQ; }
   __device__ __forceinline__ uint32_t k(int s) const { return base + Tr::kOffK + s * Tr::kKVBytes; }
   __device__ __forceinline__ uint32_t v(int s) const { return base + Tr::kOffV + s * Tr::kKVBytes; }
+  // The epilogue's O staging: its own buffer (Tr::kSeparateO) or the Q tile.
+  __device__ __forceinline__ uint32_t o() const { return Tr::kSeparateO ? base + Tr::kOffO : q(); }
   // mbarriers: Q loaded; K/V stage s full (TMA landed) / empty (both consumers done).
   __device__ __forceinline__ uint32_t bar_q() const { return base + Tr::kOffBar; }
   __device__ __forceinline__ uint32_t bar_k_full(int s) const { return bar_q() + 8 * (1 + s); }
   __device__ __forceinline__ uint32_t bar_k_empty(int s) const { return bar_q() + 8 * (1 + Tr::kStages + s); }
   __device__ __forceinline__ uint32_t bar_v_full(int s) const { return bar_q() + 8 * (1 + 2 * Tr::kStages + s); }
   __device__ __forceinline__ uint32_t bar_v_empty(int s) const { return bar_q() + 8 * (1 + 3 * Tr::kStages + s); }
-  // Persistent grid: the Q tile (O staging in the epilogue) is free for the next tile.
+  // Persistent grid: the Q tile is free for the next tile (after the epilogue's O
+  // staging has been read; with Tr::kSeparateO, after the tile's last S wgmma).
   __device__ __forceinline__ uint32_t bar_q_empty() const { return bar_q() + 8 * (1 + 4 * Tr::kStages); }
 };
 

@@ -14,9 +14,10 @@ namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; every tile is 128B-swizzled and
 // stored as kChunks column chunks of 64 elements, each chunk [rows][64]):
-//   Q  [kChunks][kBlockM][64]          (reused for O in the epilogue)
+//   Q  [kChunks][kBlockM][64]          (reused for O in the epilogue, unless kSeparateO)
 //   K  [kStages][kChunks][kBlockN][64]
 //   V  [kStages][kChunks][kBlockN][64]
+//   O  [kChunks][kBlockM][64]          (kSeparateO only)
 //   mbarriers: q_full, k_full[s], k_empty[s], v_full[s], v_empty[s], q_empty
 // kConsumerWarpgroups = 2 (128-row tiles) everywhere; 3 (192-row tiles, 160 registers
 // per consumer thread) fits at head dim 64 only (O 32 + S 64 + P 32 registers).
@@ -47,7 +48,17 @@ struct FwdTraits {
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKVBytes;
-  static constexpr int kOffBar = kOffV + kStages * kKVBytes;
+#ifdef JAXATTN_EXP_FWD_EARLY_Q  // measurement switch: O staged apart from Q (where it fits)
+  // The epilogue stages O in its own buffer, so a persistent CTA frees Q as soon as
+  // the tile's last S wgmma has read it and the next tile's Q loads during this
+  // tile's last PV and epilogue. Fits at head dims 64 / 128 with 128-key blocks
+  // (192 KB at 128), not at 256 or with 176-key blocks.
+  static constexpr bool kSeparateO = kOffV + kStages * kKVBytes + kQBytes + 1024 + 128 <= 227 * 1024;
+#else
+  static constexpr bool kSeparateO = false;
+#endif
+  static constexpr int kOffO = kOffV + kStages * kKVBytes;  // (kSeparateO only)
+  static constexpr int kOffBar = kOffO + (kSeparateO ? kQBytes : 0);
   static constexpr int kNumBars = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
