@@ -98,6 +98,11 @@ cuda::LaunchStatus launch_schedule(const AttnParams& p, cudaStream_t stream) {
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_masked(const AttnParams& p, cudaStream_t stream) {
   using Tr = FwdTraits<kHeadDim, Elem>;
+#ifdef JAXATTN_EXP_FWD_MASKED_PERSISTENT  // measurement switch: masked tiles on the persistent grid
+  // (the per-tile range needs the segment-id range tables, or no segment ids)
+  if (!p.q_segment_ids || (p.q_segment_ranges && p.kv_segment_ranges))
+    return launch_schedule<Tr, true, kHeadDim <= 128, true, true>(p, stream);
+#endif
   return launch_schedule<Tr, true, kHeadDim <= 128, false, true>(p, stream);
 }
 

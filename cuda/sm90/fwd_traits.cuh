@@ -18,7 +18,7 @@ namespace jaxattn::sm90 {
 //   K  [kStages][kChunks][kBlockN][64]
 //   V  [kStages][kChunks][kBlockN][64]
 //   O  [kChunks][kBlockM][64]          (kSeparateO only)
-//   mbarriers: q_full, k_full[s], k_empty[s], v_full[s], v_empty[s], q_empty
+//   mbarriers: q_full, k_full[s], k_empty[s], v_full[s], v_empty[s], q_empty, range
 // kConsumerWarpgroups = 2 (128-row tiles) everywhere; 3 (192-row tiles, 160 registers
 // per consumer thread) fits at head dim 64 only (O 32 + S 64 + P 32 registers).
 // kBlockN_: keys per block (0: 128 at head dims 64 / 128, 64 at 256); 176 at head dim
@@ -59,7 +59,7 @@ struct FwdTraits {
 #endif
   static constexpr int kOffO = kOffV + kStages * kKVBytes;  // (kSeparateO only)
   static constexpr int kOffBar = kOffO + (kSeparateO ? kQBytes : 0);
-  static constexpr int kNumBars = 2 + 4 * kStages;
+  static constexpr int kNumBars = 3 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "1024-aligned tiles");
