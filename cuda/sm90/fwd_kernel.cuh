@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
       hptx::mbar_init(sm.bar_k_empty(s), 4 * Tr::kConsumerWarpgroups);
       hptx::mbar_init(sm.bar_v_empty(s), 4 * Tr::kConsumerWarpgroups);
     }
-    hptx::mbar_init(sm.bar_range(), 1);
+    if constexpr (kPersistent && kMasked) hptx::mbar_init(sm.bar_range(), 1);
     hptx::mbar_init_fence();
   }
   __shared__ MaskView mask_view;  // (masked only; otherwise unused, so not allocated)

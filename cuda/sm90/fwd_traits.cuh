@@ -59,7 +59,7 @@ struct FwdTraits {
 #endif
   static constexpr int kOffO = kOffV + kStages * kKVBytes;  // (kSeparateO only)
   static constexpr int kOffBar = kOffO + (kSeparateO ? kQBytes : 0);
-  static constexpr int kNumBars = 3 + 4 * kStages;
+  static constexpr int kNumBars = 3 + 4 * kStages;  // (range: masked persistent grid only)
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "1024-aligned tiles");
