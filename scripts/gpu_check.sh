@@ -325,6 +325,15 @@ if os.path.exists(xml) and not status.get("tests", "").startswith("skipped"):
                 gpu_skipped += 1
         lines.append(f"tests: {status.get('tests')}: {counts['passed']} passed, {counts['failed']} failed, "
                      f"{counts['errors']} errors, {counts['skipped']} skipped (of {len(cases)})")
+        # Tests collected but never started (a timeout stops pytest where it is; the
+        # junit XML lists only what ran): pytest-xdist prints "N workers [M items]",
+        # plain pytest "collected M items".
+        m = re.search(r"workers \[(\d+) items?\]|collected (\d+) items?", read("tests.log") or "")
+        collected = int(m.group(1) or m.group(2)) if m else None
+        if collected and collected > len(cases):
+            lines.append(f"  NOT STARTED: {collected - len(cases)} of the {collected} collected tests (the step's time "
+                         "ran out: give it more, e.g. TIME_BUDGET=480 when the build is in the same call)")
+            problems.append(f"{collected - len(cases)} tests never started")
         lines.append(f"  of which test_gpu.py or named *cuda*: {gpu_counts['passed']} passed, "
                      f"{gpu_counts['failed'] + gpu_counts['errors']} failed, {gpu_counts['skipped']} skipped")
         if gpu_skipped and smi and "," in smi[0]:
