@@ -60,9 +60,10 @@ inline int64_t key_span(const AttnParams& p) {
 }
 
 // Chunks of `span` keys for about `splits` splits: a multiple of 64 keys, at
-// most kMaxChunk; sets plan.chunk and plan.splits (the real count).
-inline void set_chunks(DecodePlan& plan, int64_t span, int splits) {
-  plan.chunk = int(std::min<int64_t>(kMaxChunk, (int64_t(ceil_div(span, std::max(splits, 1))) + 63) / 64 * 64));
+// most max_chunk (kMaxChunk unless the plan allows longer chunks); sets
+// plan.chunk and plan.splits (the real count).
+inline void set_chunks(DecodePlan& plan, int64_t span, int splits, int64_t max_chunk = kMaxChunk) {
+  plan.chunk = int(std::min<int64_t>(max_chunk, (int64_t(ceil_div(span, std::max(splits, 1))) + 63) / 64 * 64));
   plan.splits = ceil_div(span, plan.chunk);
 }
 

@@ -46,6 +46,26 @@ int resident_ctas(cudaError_t* err) {
   return n;
 }
 
+// The launch configuration of decode_mma_kernel<H, *> on `grid` in clusters of
+// `splits` CTAs along x (`attr` holds the cluster attribute the config points to).
+template <int H>
+cudaLaunchConfig_t cluster_config(dim3 grid, int splits, cudaStream_t stream, cudaLaunchAttribute& attr) {
+  using L = decode::MmaLayout<H>;
+  attr = cudaLaunchAttribute{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = splits;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(L::kThreads, 1, 1);
+  cfg.dynamicSmemBytes = L::kSmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // Whether decode_mma_kernel<H, kBf16> can merge its chunks in a thread block
 // cluster of `splits` CTAs on the current device (kV2Cluster): a device of
 // compute capability 9+ with cluster launch, a kernel compiled for sm_90+
@@ -61,7 +81,6 @@ bool cluster_ok(int splits) {
   const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
   const int known = cache[slot][splits].load(std::memory_order_acquire);
   if (known != 0) return known > 0;
-  using L = decode::MmaLayout<H>;
   auto kernel = decode::decode_mma_kernel<H, kBf16>;
   bool ok = false, failed = false;
   int major = 0, launch = 0;
@@ -70,17 +89,8 @@ bool cluster_ok(int splits) {
   if (good(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) && major >= 9 &&
       good(cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, dev)) && launch &&
       good(cudaFuncGetAttributes(&fa, kernel)) && fa.ptxVersion >= 90) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(splits, 1, 1);
-    cfg.blockDim = dim3(L::kThreads, 1, 1);
-    cfg.dynamicSmemBytes = L::kSmemBytes;
     cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = splits;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = cluster_config<H>(dim3(splits, 1, 1), splits, nullptr, attr);
     int clusters = 0;
     ok = good(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg)) && clusters > 0;
   }
@@ -101,12 +111,6 @@ constexpr int kClusterSplits = 2;
 int64_t long_chunk_limit(const AttnParams& p) {
   if (p.block_table == nullptr) return int64_t(1) << 30;
   return std::max<int64_t>(decode::kMaxChunk, int64_t(decode::kMaxChunkPages - 2) * p.page_size / 64 * 64);
-}
-
-// set_chunks with a chunk limit of `max_chunk` keys.
-void set_chunks_max(DecodePlan& plan, int64_t span, int splits, int64_t max_chunk) {
-  plan.chunk = int(std::min<int64_t>(max_chunk, (int64_t(ceil_div(span, std::max(splits, 1))) + 63) / 64 * 64));
-  plan.splits = ceil_div(span, plan.chunk);
 }
 
 // The split count: at least ~2 waves of CTAs over the resident slots (SMs x
@@ -151,7 +155,7 @@ DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant
   double best_eff = -1.0;
   for (int s = s0; s <= std::min(hi, 2 * s0); ++s) {
     DecodePlan cand = plan;
-    set_chunks_max(cand, span, s, max_chunk);
+    decode::set_chunks(cand, span, s, max_chunk);
     const double waves = double(pairs) * cand.splits / slots;
     const double eff = waves / std::ceil(waves);
     if (eff > best_eff + 1e-9) {
@@ -177,18 +181,8 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
   if (p.batch > 65535 || p.num_heads_k > 65535) return {cudaErrorInvalidValue, "decode_fwd (grid too large)"};
   const dim3 grid(plan.splits * plan.row_blocks, p.num_heads_k, p.batch);
   if (plan.cluster) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(L::kThreads, 1, 1);
-    cfg.dynamicSmemBytes = L::kSmemBytes;
-    cfg.stream = stream;
     cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = plan.splits;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = cluster_config<H>(grid, plan.splits, stream, attr);
     if (cudaError_t e = cudaLaunchKernelEx(&cfg, decode::decode_mma_kernel<H, kBf16>, p, plan); e != cudaSuccess)
       return {e, "decode_mma_kernel (cluster launch)"};
     return {};  // merged in the kernel
