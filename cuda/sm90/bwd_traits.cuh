@@ -66,13 +66,7 @@ struct BwdTraits {
   // reduce-add), so no consumer waits on a named barrier for it: +2-7% (session 7,
   // same run: T=16K 384 -> 410 non-causal, 373 -> 386 causal). At 128 it costs the
   // consumers 8 registers (below) and lost 13-15%; 256 (wide) has its own path.
-#ifdef JAXATTN_EXP_BWD_DQ_WARP128  // measurement switch: the hand-off at 128 too, 240 consumer registers
-  // (the dQ warp then has 24: ptxas spills 16-28 bytes in its deterministic-mode
-  // path and in the masked producer; the default-mode loop stores nothing)
-  static constexpr bool kDqWarp = kHeadDim <= 128;
-#else
   static constexpr bool kDqWarp = kHeadDim == 64;
-#endif
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
   static constexpr int kStages = 2;  // (3 at head dim 64: same speed, session 5)
@@ -81,8 +75,8 @@ struct BwdTraits {
   // x 384 (__launch_bounds__(384, 1)) = 64512, not the whole 64K file: 128 x 24 + 256 x
   // 240 fills it exactly. The dQ warp's loop needs 32, so its consumers get 232
   // (128 x 32 + 256 x 240 was 1024 over: setmaxnreg.inc waited forever, session 7).
-  static constexpr int kProducerRegs = kDqWarp && kHeadDim == 64 ? 32 : 24;
-  static constexpr int kConsumerRegs = kDqWarp && kHeadDim == 64 ? 232 : 240;
+  static constexpr int kProducerRegs = kDqWarp ? 32 : 24;
+  static constexpr int kConsumerRegs = kDqWarp ? 232 : 240;
   static_assert((kProducerRegs + kConsumerWarpgroups * kConsumerRegs) * 128 <= 168 * 384, "register pool");
 
   static constexpr int kChunks = kHeadDim / 64;

@@ -87,32 +87,6 @@ __device__ __forceinline__ void fwd_mask_tile(FwdTile& tile, const FwdArgs& a, M
   tile.n_blocks = blocks.y;
 }
 
-// Masked persistent grid (-DJAXATTN_EXP_FWD_MASKED_PERSISTENT): slot k % 2 holds tile
-// k's mask view and key blocks. Warp 1 fills slot 0 for the CTA's first tile in the
-// prologue; during tile k, consumer warp 0 (warpgroup 0) fills slot (k + 1) % 2 while
-// the tile's first S wgmma runs and arrives on bar_range, which the producer waits on
-// before it loads tile k + 1. The producer's Q load then publishes the slot to every
-// consumer (bar_q). Needs the segment-id range tables (or no segment ids): the exact
-// scan needs the whole CTA.
-struct FwdMaskedSlot {
-  MaskView view;
-  int n_begin, n_blocks;
-};
-
-// The key blocks of persistent tile `idx` into `slot` (all lanes of one warp call it;
-// lane 0 writes).
-template <class Tr, bool kCausal>
-__device__ __forceinline__ void fwd_fill_masked_slot(FwdMaskedSlot& slot, const FwdArgs& a, int idx) {
-  const FwdTile t = fwd_tile<Tr, kCausal>(a, idx);
-  const MaskView view = MaskView::of(a.attn, t.batch);
-  const int2 blocks = cta_key_blocks<Tr::kBlockM, Tr::kBlockN>(view, t.m_block * Tr::kBlockM, nullptr);
-  if (threadIdx.x % 32 == 0) {
-    slot.view = view;
-    slot.n_begin = blocks.x;
-    slot.n_blocks = blocks.y;
-  }
-}
-
 // kPersistent: a 1-D grid of at most one CTA per SM; CTA c runs tiles c, c + grid,
 // ... (fwd_tile order), and its producer loads the next tile's first K / V blocks
 // while the consumers finish the previous tile.
@@ -120,9 +94,7 @@ __device__ __forceinline__ void fwd_fill_masked_slot(FwdMaskedSlot& slot, const 
 // the causal mask is then part of the MaskView, and kCausal only orders the tiles.
 template <class Tr, bool kCausal, bool kOverlap, bool kPingpong, bool kPersistent = false, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const __grid_constant__ FwdParams params) {
-#ifndef JAXATTN_EXP_FWD_MASKED_PERSISTENT
   static_assert(!(kMasked && kPersistent), "masked kernels run on the (query tiles, heads, batch) grid");
-#endif
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const FwdSmem<Tr> sm{(ptx::smem_addr(smem_raw) + 1023u) & ~1023u};
   const FwdArgs& args = params.args;
@@ -144,17 +116,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
       hptx::mbar_init(sm.bar_k_empty(s), 4 * Tr::kConsumerWarpgroups);
       hptx::mbar_init(sm.bar_v_empty(s), 4 * Tr::kConsumerWarpgroups);
     }
-    if constexpr (kPersistent && kMasked) hptx::mbar_init(sm.bar_range(), 1);
     hptx::mbar_init_fence();
   }
   __shared__ MaskView mask_view;  // (masked only; otherwise unused, so not allocated)
   __shared__ int mask_red[2];
-  __shared__ FwdMaskedSlot mask_slots[2];  // (masked persistent only)
   FwdTile tile{};
-  if constexpr (kPersistent && kMasked) {
-    if (threadIdx.x / 32 == 1 && (int)blockIdx.x < num_tiles)
-      fwd_fill_masked_slot<Tr, kCausal>(mask_slots[0], args, blockIdx.x);
-  }
   if constexpr (!kPersistent) {
     tile = fwd_tile_from_block<Tr, kCausal>(args);
     if constexpr (kMasked) {
@@ -174,17 +140,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
       hptx::prefetch_tmap(&params.tm_k);
       hptx::prefetch_tmap(&params.tm_v);
       if constexpr (kPersistent) {
-        uint32_t q_phase = 0, range_phase = 0;
+        uint32_t q_phase = 0;
         for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
-          FwdTile t = fwd_tile<Tr, kCausal>(args, idx);
-          if constexpr (kMasked) {
-            if (idx != (int)blockIdx.x) {  // (the first tile's slot: the prologue)
-              hptx::mbar_wait(sm.bar_range(), range_phase);
-              range_phase ^= 1;
-            }
-            t.n_begin = mask_slots[q_phase].n_begin;
-            t.n_blocks = mask_slots[q_phase].n_blocks;
-          }
+          const FwdTile t = fwd_tile<Tr, kCausal>(args, idx);
           FwdMainloop<Tr>::produce(&params.tm_q, &params.tm_k, &params.tm_v, sm, t, t.head / args.group, pipe,
                                    (int)q_phase);
         }
@@ -202,26 +160,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
     if constexpr (kPersistent) {
       uint32_t q_phase = 0;
       for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
-        FwdTile t = fwd_tile<Tr, kCausal>(args, idx);
-        const MaskView* view = nullptr;
-        if constexpr (kMasked) {  // (the slot is published with the tile's Q)
-          hptx::mbar_wait(sm.bar_q(), q_phase);
-          t.n_begin = mask_slots[q_phase].n_begin;
-          t.n_blocks = mask_slots[q_phase].n_blocks;
-          view = &mask_slots[q_phase].view;
-        }
-        const int next = idx + (int)gridDim.x;
-        auto next_range = [&]() {
-          if constexpr (kMasked) {
-            if (wg == 0 && tid < 32 && next < num_tiles) {
-              fwd_fill_masked_slot<Tr, kCausal>(mask_slots[q_phase ^ 1], args, next);
-              __syncwarp();
-              if (tid == 0) hptx::mbar_arrive(sm.bar_range());
-            }
-          }
-        };
-        FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, kMasked, Tr::kSeparateO>(
-            o, softmax, sm, t, args, wg, tid, pipe, q_phase, view, next_range);
+        const FwdTile t = fwd_tile<Tr, kCausal>(args, idx);
+        FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, false, Tr::kSeparateO>(
+            o, softmax, sm, t, args, wg, tid, pipe, q_phase);
         FwdEpilogue<Tr>::store(o, softmax, &params.tm_o, sm, t, args, wg, tid);
         // (store() waited for its TMA reads; kSeparateO: consume() released Q already)
         if (!Tr::kSeparateO && tid == 0) hptx::mbar_arrive(sm.bar_q_empty());

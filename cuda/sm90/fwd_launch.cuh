@@ -98,11 +98,6 @@ cuda::LaunchStatus launch_schedule(const AttnParams& p, cudaStream_t stream) {
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_masked(const AttnParams& p, cudaStream_t stream) {
   using Tr = FwdTraits<kHeadDim, Elem>;
-#ifdef JAXATTN_EXP_FWD_MASKED_PERSISTENT  // measurement switch: masked tiles on the persistent grid
-  // (the per-tile range needs the segment-id range tables, or no segment ids)
-  if (!p.q_segment_ids || (p.q_segment_ranges && p.kv_segment_ranges))
-    return launch_schedule<Tr, true, kHeadDim <= 128, true, true>(p, stream);
-#endif
   return launch_schedule<Tr, true, kHeadDim <= 128, false, true>(p, stream);
 }
 
@@ -144,12 +139,18 @@ cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdV
   return launch_schedule<Tr, true, false, true>(p, stream);
 }
 
-// Whether the default runs its schedule on the persistent grid: at H=64 non-causal
-// with T < 2048, where each CTA's work is short enough that overlapping one tile's
-// epilogue with the next one's loads shows (session 6, round robin: T=1K 384 vs 369;
-// at H=128 / 256 and causal it is even or behind, e.g. H=128 T=1K 510 vs 517).
-inline bool default_persistent(int head_dim, int seqlen_q, bool causal) {
-  return head_dim == 64 && !causal && seqlen_q < 2048;
+// Whether the default runs its schedule on the persistent grid. Since O is staged
+// apart from Q (kSeparateO, H 64 / 128), the next tile's Q loads during this tile's
+// tail and the persistent grid wins (session 8, one binary, TFLOP/s persistent vs
+// grid): H=64 1K / 4K / 16K 395 / 506 / 551 vs 397 / 460 / 511 (causal 269 / 414 / 486
+// vs 263 / 394 / 476); H=128 548 / 623 / 671 vs 490 / 562 / 637. H=256 (no room for
+// the O buffer) gains ~1% non-causal (514 / 613 / 628 vs 510 / 605 / 622) and loses
+// causal (342 / 499 / 552 vs 370 / 500 / 604). H=128 causal: ahead at T=4K (540 vs
+// 512), behind at 1K (342 vs 351, fewer and shorter tiles) and where the grid's
+// default takes 176-key blocks (S >= 8192: 618 vs 628; the persistent form keeps 128).
+inline bool default_persistent(int head_dim, int seqlen_q, int seqlen_k, bool causal) {
+  if (!causal || head_dim == 64) return true;
+  return head_dim == 128 && seqlen_q >= 2048 && seqlen_k < 8192;
 }
 
 template <int kHeadDim, typename Elem>
@@ -157,7 +158,7 @@ cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant 
   if (p.has_masks()) return run_masked<kHeadDim, Elem>(p, stream);
   const FwdVariant best = default_variant(kHeadDim, p.seqlen_q, p.seqlen_k);
   if (variant == FwdVariant::kPersistent ||
-      (variant == FwdVariant::kDefault && default_persistent(kHeadDim, p.seqlen_q, p.is_causal)))
+      (variant == FwdVariant::kDefault && default_persistent(kHeadDim, p.seqlen_q, p.seqlen_k, p.is_causal)))
     return run_persistent<kHeadDim, Elem>(p, stream, best);
   return run_schedule<kHeadDim, Elem>(p, stream, variant == FwdVariant::kDefault ? best : variant);
 }

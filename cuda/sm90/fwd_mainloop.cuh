@@ -26,11 +26,6 @@
 
 namespace jaxattn::sm90 {
 
-// The default per-tile hook of FwdMainloop::consume: nothing.
-struct NoOp {
-  __device__ __forceinline__ void operator()() const {}
-};
-
 template <class Tr>
 struct FwdMainloop {
   using Elem = typename Tr::Elem;
@@ -137,14 +132,10 @@ struct FwdMainloop {
   // tile (no visible key) runs no block and leaves O = 0, lse = -inf. kReleaseQ
   // (persistent grid with Tr::kSeparateO): each warp arrives on q_empty once the
   // tile's last S wgmma has read Q, so the next tile's Q loads meanwhile.
-  // on_first: called once per tile by every consumer thread while the tile's first S
-  // wgmma runs (an empty tile: after its Q wait); the masked persistent grid finds the
-  // next tile's key range there.
-  template <bool kCausal, bool kOverlap, bool kPingpong, bool kMasked = false, bool kReleaseQ = false,
-            class OnFirst = NoOp>
+  template <bool kCausal, bool kOverlap, bool kPingpong, bool kMasked = false, bool kReleaseQ = false>
   __device__ static void consume(float (&o)[kORegs], OnlineSoftmax<kBlockN>& softmax, const FwdSmem<Tr>& sm,
                                  const FwdTile& tile, const FwdArgs& args, int wg, int tid, Pipe& pipe,
-                                 uint32_t q_phase, const MaskView* mask_view = nullptr, OnFirst on_first = {}) {
+                                 uint32_t q_phase, const MaskView* mask_view = nullptr) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int wg_row0 = tile.m_block * kBlockM + wg * 64;  // first query row of this warpgroup
     const int row0 = wg_row0 + warp * 16 + g;               // this thread's h = 0 row
@@ -157,8 +148,6 @@ struct FwdMainloop {
     softmax.init();
     if (kMasked && tile.empty()) {  // (its Q load was issued before the range was known)
       hptx::mbar_wait(sm.bar_q(), q_phase);
-      on_first();
-      if (kReleaseQ) release(sm.bar_q_empty(), lane);
       return;
     }
     float s[kSRegs];
@@ -211,12 +200,11 @@ struct FwdMainloop {
         issue_qk(s, q_rows, sm.k(pipe.stage));
         hptx::wgmma_commit();
         turn_end<kPingpong>(wg);
-        if (n == tile.n_begin) on_first();
         load_ids(n);
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(s);
         release(sm.bar_k_empty(pipe.stage), lane);
-        mask(n);  // (before Q is released: the masked persistent grid reuses the view's slot)
+        mask(n);
         if (kReleaseQ && n == tile.n_blocks - 1) release(sm.bar_q_empty(), lane);
         softmax.step(s, sl2, alpha);
         rescale_o(o, alpha);
@@ -240,7 +228,6 @@ struct FwdMainloop {
       issue_qk(s, q_rows, sm.k(pipe.stage));
       hptx::wgmma_commit();
       turn_end<kPingpong>(wg);
-      on_first();
       load_ids(tile.n_begin);
       hptx::wgmma_wait<0>();
       hptx::reg_fence_array(s);

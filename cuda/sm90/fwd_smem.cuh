@@ -24,8 +24,6 @@ struct FwdSmem {
   // Persistent grid: the Q tile is free for the next tile (after the epilogue's O
   // staging has been read; with Tr::kSeparateO, after the tile's last S wgmma).
   __device__ __forceinline__ uint32_t bar_q_empty() const { return bar_q() + 8 * (1 + 4 * Tr::kStages); }
-  // Masked persistent grid: the next tile's key range is in its slot (one arrival).
-  __device__ __forceinline__ uint32_t bar_range() const { return bar_q() + 8 * (2 + 4 * Tr::kStages); }
 };
 
 // Position in the K/V ring: the stage, and the parity of its current fill.

@@ -18,7 +18,7 @@ namespace jaxattn::sm90 {
 //   K  [kStages][kChunks][kBlockN][64]
 //   V  [kStages][kChunks][kBlockN][64]
 //   O  [kChunks][kBlockM][64]          (kSeparateO only)
-//   mbarriers: q_full, k_full[s], k_empty[s], v_full[s], v_empty[s], q_empty, range
+//   mbarriers: q_full, k_full[s], k_empty[s], v_full[s], v_empty[s], q_empty
 // kConsumerWarpgroups = 2 (128-row tiles) everywhere; 3 (192-row tiles, 160 registers
 // per consumer thread) fits at head dim 64 only (O 32 + S 64 + P 32 registers).
 // kBlockN_: keys per block (0: 128 at head dims 64 / 128, 64 at 256); 176 at head dim
@@ -48,18 +48,15 @@ struct FwdTraits {
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKVBytes;
-#ifdef JAXATTN_EXP_FWD_EARLY_Q  // measurement switch: O staged apart from Q (where it fits)
-  // The epilogue stages O in its own buffer, so a persistent CTA frees Q as soon as
-  // the tile's last S wgmma has read it and the next tile's Q loads during this
-  // tile's last PV and epilogue. Fits at head dims 64 / 128 with 128-key blocks
-  // (192 KB at 128), not at 256 or with 176-key blocks.
+  // The epilogue stages O in its own buffer where it fits, so a persistent CTA frees
+  // Q as soon as the tile's last S wgmma has read it and the next tile's Q loads
+  // during this tile's last PV and epilogue (session 8: +5-12% on the persistent grid
+  // at H 64 / 128). Fits at head dims 64 / 128 with 128-key blocks (192 KB at 128),
+  // not at 256 or with 176-key blocks.
   static constexpr bool kSeparateO = kOffV + kStages * kKVBytes + kQBytes + 1024 + 128 <= 227 * 1024;
-#else
-  static constexpr bool kSeparateO = false;
-#endif
   static constexpr int kOffO = kOffV + kStages * kKVBytes;  // (kSeparateO only)
   static constexpr int kOffBar = kOffO + (kSeparateO ? kQBytes : 0);
-  static constexpr int kNumBars = 3 + 4 * kStages;  // (range: masked persistent grid only)
+  static constexpr int kNumBars = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "1024-aligned tiles");
