@@ -114,6 +114,20 @@ __device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_
 #undef JAXATTN_WGMMA_RS
 }
 
+// D(64x80, f32) (+)= A(64x16, smem desc) * B(16x80, smem desc); scale_d = 0 overwrites D.
+template <typename Elem, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_ss_m64n80k16(float (&d)[40], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+#define JAXATTN_WGMMA_SS(TY)                                                              \
+  asm volatile(                                                                           \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"                                     \
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32." TY "." TY " "                          \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}, %40, %41, p, 1, 1, %43, %44;\n}\n"                   \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) { JAXATTN_WGMMA_SS("bf16"); } else { JAXATTN_WGMMA_SS("f16"); }
+#undef JAXATTN_WGMMA_SS
+}
+
 // D(64x128, f32) (+)= A(64x16, smem desc) * B(16x128, smem desc); scale_d = 0 overwrites D.
 template <typename Elem, int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -185,12 +199,13 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint3
 #undef JAXATTN_WGMMA_RS
 }
 
-// wgmma_ss_m64n{N}k16 for N = 32, 64, 128, 176 or 256, with either operand's major-ness.
+// wgmma_ss_m64n{N}k16 for N = 32, 64, 80, 128, 176 or 256, with either operand's major-ness.
 template <typename Elem, int N, int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_ss_t(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  static_assert(N == 32 || N == 64 || N == 128 || N == 176 || N == 256, "wgmma N");
+  static_assert(N == 32 || N == 64 || N == 80 || N == 128 || N == 176 || N == 256, "wgmma N");
   if constexpr (N == 32) wgmma_ss_m64n32k16<Elem, kTransA, kTransB>(d, desc_a, desc_b, scale_d);
   else if constexpr (N == 64) wgmma_ss_m64n64k16<Elem, kTransA, kTransB>(d, desc_a, desc_b, scale_d);
+  else if constexpr (N == 80) wgmma_ss_m64n80k16<Elem, kTransA, kTransB>(d, desc_a, desc_b, scale_d);
   else if constexpr (N == 128) wgmma_ss_m64n128k16<Elem, kTransA, kTransB>(d, desc_a, desc_b, scale_d);
   else if constexpr (N == 176) wgmma_ss_m64n176k16<Elem, kTransA, kTransB>(d, desc_a, desc_b, scale_d);
   else wgmma_ss_m64n256k16<Elem, kTransA, kTransB>(d, desc_a, desc_b, scale_d);

@@ -113,9 +113,11 @@ cuda::LaunchStatus run_schedule(const AttnParams& p, cudaStream_t stream, FwdVar
       return launch_schedule<Tr, true, true, false>(p, stream);
     case FwdVariant::kSerialPingpong:
       return launch_schedule<Tr, false, true, false>(p, stream);
-    case FwdVariant::kWideKeys:  // (at other head dims: overlap + pingpong)
+    case FwdVariant::kWideKeys:  // (at head dim 64: overlap + pingpong)
       if constexpr (kHeadDim == 128)
         return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 176>, true, true, false>(p, stream);
+      if constexpr (kHeadDim == 256)
+        return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 80>, true, false, false>(p, stream);
       return launch_schedule<Tr, true, true, false>(p, stream);
     case FwdVariant::kOverlap3:
       if constexpr (kHeadDim == 64) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, false>(p, stream);
@@ -130,7 +132,10 @@ cuda::LaunchStatus run_schedule(const AttnParams& p, cudaStream_t stream, FwdVar
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdVariant best) {
   using Tr = FwdTraits<kHeadDim, Elem>;
-  // (kWideKeys has no persistent instantiation: its persistent form is overlap + pingpong)
+  if constexpr (kHeadDim == 256) {
+    if (best == FwdVariant::kWideKeys) return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 80>, true, false, true>(p, stream);
+  }
+  // (kWideKeys at 128 has no persistent instantiation: its persistent form is overlap + pingpong)
   if (best == FwdVariant::kOverlapPingpong || best == FwdVariant::kWideKeys)
     return launch_schedule<Tr, true, true, true>(p, stream);
   if constexpr (kHeadDim == 64) {

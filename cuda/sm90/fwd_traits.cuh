@@ -21,8 +21,9 @@ namespace jaxattn::sm90 {
 //   mbarriers: q_full, k_full[s], k_empty[s], v_full[s], v_empty[s], q_empty
 // kConsumerWarpgroups = 2 (128-row tiles) everywhere; 3 (192-row tiles, 160 registers
 // per consumer thread) fits at head dim 64 only (O 32 + S 64 + P 32 registers).
-// kBlockN_: keys per block (0: 128 at head dims 64 / 128, 64 at 256); 176 at head dim
-// 128 is FwdVariant::kWideKeys (the default there at S >= 8192).
+// kBlockN_: keys per block (0: 128 at head dims 64 / 128, 64 at 256); FwdVariant::kWideKeys
+// is 176 at head dim 128 (the default there at S >= 8192) and 80 at 256 (FA3's tile:
+// Q 64 KB + 2 stages of 40 KB K and V = 224 KB).
 template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 0>
 struct FwdTraits {
   using Elem = Elem_;
