@@ -130,6 +130,21 @@ step_tests() {
   eval "extra=(${PYTEST_ARGS:-})"  # shell words: PYTEST_ARGS='-k "forward and not slow"'
   cd "$RUNDIR" || return 1
   "$PY" -c 'import jaxattn; print("tests import jaxattn from", jaxattn.__file__)' 2>&1 | tee -i "$OUT/tests.log"
+  # How many tests will run, as "collected M items" in tests.log: pytest-xdist under -q
+  # prints no count, and the summary compares it with the junit XML to find tests a
+  # timeout never started. (Collected without xdist: its -n / --dist words dropped.)
+  local collect=() skip=0 w n
+  for w in ${extra[@]+"${extra[@]}"}; do
+    if [[ $skip == 1 ]]; then skip=0; continue; fi
+    case "$w" in
+      -n|--numprocesses|--dist|--maxprocesses) skip=1 ;;
+      -n*|--numprocesses=*|--dist=*|--maxprocesses=*) ;;
+      *) collect+=("$w") ;;
+    esac
+  done
+  n=$("$PY" -m pytest "$REPO/tests" --collect-only -q -p no:cacheprovider -p no:xdist --rootdir "$REPO" \
+      ${marks[@]+"${marks[@]}"} ${collect[@]+"${collect[@]}"} 2>/dev/null | grep -oE '^[0-9]+(/[0-9]+)? tests? collected' | grep -oE '^[0-9]+')
+  [[ -n "$n" ]] && echo "collected $n items" | tee -i -a "$OUT/tests.log"
   # (several pytest workers share the GPU: none may preallocate 75% of it; session 6
   # lost two runs to that)
   XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false} \
