@@ -25,10 +25,14 @@ namespace jaxattn::sm90 {
 // S >= 8192, 176-key blocks (kWideKeys) beat 128-key ones (session 6, round-robin
 // timing: T=16K 651 vs 629 non-causal, 623 vs 596 causal; T=4K +0.7%; T=1K -2 / -9%,
 // where fewer, longer blocks leave more of the last block masked). (8192: between
-// the measured 4096 and 16384.)
+// the measured 4096 and 16384.) At H=256, 80-key blocks (kWideKeys there) beat 64-key
+// ones everywhere (session 8, one binary, TFLOP/s grid 80 vs 64: 545 / 677 / 726 vs
+// 498 / 578 / 594, causal 373 / 564 / 686 vs 359 / 500 / 586): each S wgmma does 25%
+// more work for the same softmax / barrier cost per block.
 inline FwdVariant default_variant(int head_dim, int seqlen_q, int seqlen_k) {
   if (head_dim == 64 && seqlen_q >= 2048) return FwdVariant::kOverlap3;
   if (head_dim == 128 && seqlen_k >= 8192) return FwdVariant::kWideKeys;
+  if (head_dim == 256) return FwdVariant::kWideKeys;  // 80-key blocks
   return head_dim <= 128 ? FwdVariant::kOverlapPingpong : FwdVariant::kOverlap;
 }
 
@@ -148,9 +152,9 @@ cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdV
 // apart from Q (kSeparateO, H 64 / 128), the next tile's Q loads during this tile's
 // tail and the persistent grid wins (session 8, one binary, TFLOP/s persistent vs
 // grid): H=64 1K / 4K / 16K 395 / 506 / 551 vs 397 / 460 / 511 (causal 269 / 414 / 486
-// vs 263 / 394 / 476); H=128 548 / 623 / 671 vs 490 / 562 / 637. H=256 (no room for
-// the O buffer) gains ~1% non-causal (514 / 613 / 628 vs 510 / 605 / 622) and loses
-// causal (342 / 499 / 552 vs 370 / 500 / 604). H=128 causal: ahead at T=4K (540 vs
+// vs 263 / 394 / 476); H=128 548 / 623 / 671 vs 490 / 562 / 637. H=256 (80-key blocks,
+// no room for the O buffer) is even non-causal (558 / 678 / 719 vs 545 / 677 / 726) and
+// behind causal (328 / 507 / 559 vs 373 / 564 / 686). H=128 causal: ahead at T=4K (540 vs
 // 512), behind at 1K (342 vs 351, fewer and shorter tiles) and where the grid's
 // default takes 176-key blocks (S >= 8192: 618 vs 628; the persistent form keeps 128).
 inline bool default_persistent(int head_dim, int seqlen_q, int seqlen_k, bool causal) {
