@@ -36,6 +36,16 @@ inline FwdVariant default_variant(int head_dim, int seqlen_q, int seqlen_k) {
   return head_dim <= 128 ? FwdVariant::kOverlapPingpong : FwdVariant::kOverlap;
 }
 
+// Keys per block of kWideKeys at head dim 128: 176 (too large for the O buffer, so
+// its persistent form runs 128-key blocks). Measurement switch: 160 keys, which
+// leave room for the O buffer (Q 32 + O 32 + 2 x (40 + 40) KB = 224 KB), so the
+// persistent grid keeps its early Q release with wide blocks.
+#ifdef JAXATTN_EXP_FWD_WIDE160
+constexpr int kWideKeys128 = 160;
+#else
+constexpr int kWideKeys128 = 176;
+#endif
+
 // Builds the tensor maps for the tile shape of Tr and launches `kernel` on its grid.
 // persistent: a 1-D grid of min(tiles, SMs) CTAs instead of (query tiles, heads, batch).
 template <class Tr>
@@ -119,7 +129,7 @@ cuda::LaunchStatus run_schedule(const AttnParams& p, cudaStream_t stream, FwdVar
       return launch_schedule<Tr, false, true, false>(p, stream);
     case FwdVariant::kWideKeys:  // (at head dim 64: overlap + pingpong)
       if constexpr (kHeadDim == 128)
-        return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 176>, true, true, false>(p, stream);
+        return launch_schedule<FwdTraits<kHeadDim, Elem, 2, kWideKeys128>, true, true, false>(p, stream);
       if constexpr (kHeadDim == 256)
         return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 80>, true, false, false>(p, stream);
       return launch_schedule<Tr, true, true, false>(p, stream);
@@ -135,17 +145,21 @@ cuda::LaunchStatus run_schedule(const AttnParams& p, cudaStream_t stream, FwdVar
 // default_variant picks have persistent instantiations.
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdVariant best) {
-  using Tr = FwdTraits<kHeadDim, Elem>;
   if constexpr (kHeadDim == 256) {
-    if (best == FwdVariant::kWideKeys) return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 80>, true, false, true>(p, stream);
+    (void)best;  // (always kWideKeys at 256)
+    return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 80>, true, false, true>(p, stream);
+  } else {
+    if constexpr (kHeadDim == 64) {
+      if (best == FwdVariant::kOverlap3) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, true>(p, stream);
+    }
+    if constexpr (kHeadDim == 128 && FwdTraits<kHeadDim, Elem, 2, kWideKeys128>::kSeparateO) {
+      if (best == FwdVariant::kWideKeys)
+        return launch_schedule<FwdTraits<kHeadDim, Elem, 2, kWideKeys128>, true, true, true>(p, stream);
+    }
+    // overlap + pingpong: kOverlapPingpong, and kWideKeys at 128 where its blocks leave
+    // no room for the O buffer (176 keys)
+    return launch_schedule<FwdTraits<kHeadDim, Elem>, true, true, true>(p, stream);
   }
-  // (kWideKeys at 128 has no persistent instantiation: its persistent form is overlap + pingpong)
-  if (best == FwdVariant::kOverlapPingpong || best == FwdVariant::kWideKeys)
-    return launch_schedule<Tr, true, true, true>(p, stream);
-  if constexpr (kHeadDim == 64) {
-    if (best == FwdVariant::kOverlap3) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, true>(p, stream);
-  }
-  return launch_schedule<Tr, true, false, true>(p, stream);
 }
 
 // Whether the default runs its schedule on the persistent grid. Since O is staged
