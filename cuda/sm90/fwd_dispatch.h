@@ -25,8 +25,9 @@ enum class FwdVariant : int {
   kSerialPingpong = 3,
   kOverlap3 = 4,
   kPersistent = 5,
-  kWideKeys = 6,  // overlap + pingpong with 176-key blocks at head dim 128 (FA3's non-causal
-                  // tile); overlap + pingpong at other head dims
+  kWideKeys = 6,  // wider key blocks: overlap + pingpong with 176 keys at head dim 128
+                  // (FA3's non-causal tile), overlap with 80 at 256 (FA3's tile there);
+                  // overlap + pingpong with 128 at 64
   kDefault = 7
 };
 constexpr int kNumFwdVariants = 7;  // the explicit ones
