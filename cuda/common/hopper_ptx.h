@@ -58,160 +58,127 @@ __device__ __forceinline__ uint64_t make_desc_sw128(uint32_t addr, uint32_t lbo_
 // rows of K contiguous); 1: MN-major (K rows of M / N contiguous). A from registers is
 // always the mma.sync A fragment layout (4 x 16-bit pairs per k16 step).
 
-// D(64x32, f32) (+)= A(64x16, smem desc) * B(16x32, smem desc); scale_d = 0 overwrites D.
-template <typename Elem, int kTransA, int kTransB>
-__device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-#define JAXATTN_WGMMA_SS(TY)                                                              \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                     \
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " "                          \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, %19, %20;\n}\n"                   \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) { JAXATTN_WGMMA_SS("bf16"); } else { JAXATTN_WGMMA_SS("f16"); }
-#undef JAXATTN_WGMMA_SS
-}
+// One wgmma per accumulator width N (R = N / 2 f32 registers per thread). Inline asm
+// needs its operand list and the matching "%0,...,%R-1" text spelled out, so both are
+// built here from pieces of 8 registers; the instruction's other operands follow the
+// accumulators (numbers R, R + 1, ... passed explicitly: the preprocessor cannot add).
+#define JAXATTN_REG8_0 "%0,%1,%2,%3,%4,%5,%6,%7"
+#define JAXATTN_REG8_1 "%8,%9,%10,%11,%12,%13,%14,%15"
+#define JAXATTN_REG8_2 "%16,%17,%18,%19,%20,%21,%22,%23"
+#define JAXATTN_REG8_3 "%24,%25,%26,%27,%28,%29,%30,%31"
+#define JAXATTN_REG8_4 "%32,%33,%34,%35,%36,%37,%38,%39"
+#define JAXATTN_REG8_5 "%40,%41,%42,%43,%44,%45,%46,%47"
+#define JAXATTN_REG8_6 "%48,%49,%50,%51,%52,%53,%54,%55"
+#define JAXATTN_REG8_7 "%56,%57,%58,%59,%60,%61,%62,%63"
+#define JAXATTN_REG8_8 "%64,%65,%66,%67,%68,%69,%70,%71"
+#define JAXATTN_REG8_9 "%72,%73,%74,%75,%76,%77,%78,%79"
+#define JAXATTN_REG8_10 "%80,%81,%82,%83,%84,%85,%86,%87"
+#define JAXATTN_REG8_11 "%88,%89,%90,%91,%92,%93,%94,%95"
+#define JAXATTN_REG8_12 "%96,%97,%98,%99,%100,%101,%102,%103"
+#define JAXATTN_REG8_13 "%104,%105,%106,%107,%108,%109,%110,%111"
+#define JAXATTN_REG8_14 "%112,%113,%114,%115,%116,%117,%118,%119"
+#define JAXATTN_REG8_15 "%120,%121,%122,%123,%124,%125,%126,%127"
+#define JAXATTN_REGS16 JAXATTN_REG8_0 "," JAXATTN_REG8_1
+#define JAXATTN_REGS32 JAXATTN_REGS16 "," JAXATTN_REG8_2 "," JAXATTN_REG8_3
+#define JAXATTN_REGS40 JAXATTN_REGS32 "," JAXATTN_REG8_4
+#define JAXATTN_REGS64 JAXATTN_REGS32 "," JAXATTN_REG8_4 "," JAXATTN_REG8_5 "," JAXATTN_REG8_6 "," JAXATTN_REG8_7
+#define JAXATTN_REGS80 JAXATTN_REGS64 "," JAXATTN_REG8_8 "," JAXATTN_REG8_9
+#define JAXATTN_REGS88 JAXATTN_REGS80 "," JAXATTN_REG8_10
+#define JAXATTN_REGS128 JAXATTN_REGS64 "," JAXATTN_REG8_8 "," JAXATTN_REG8_9 "," JAXATTN_REG8_10 "," JAXATTN_REG8_11 "," JAXATTN_REG8_12 "," JAXATTN_REG8_13 "," JAXATTN_REG8_14 "," JAXATTN_REG8_15
+#define JAXATTN_ACC8(i) \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define JAXATTN_ACC16 JAXATTN_ACC8(0), JAXATTN_ACC8(8)
+#define JAXATTN_ACC32 JAXATTN_ACC16, JAXATTN_ACC8(16), JAXATTN_ACC8(24)
+#define JAXATTN_ACC40 JAXATTN_ACC32, JAXATTN_ACC8(32)
+#define JAXATTN_ACC64 JAXATTN_ACC32, JAXATTN_ACC8(32), JAXATTN_ACC8(40), JAXATTN_ACC8(48), JAXATTN_ACC8(56)
+#define JAXATTN_ACC80 JAXATTN_ACC64, JAXATTN_ACC8(64), JAXATTN_ACC8(72)
+#define JAXATTN_ACC88 JAXATTN_ACC80, JAXATTN_ACC8(80)
+#define JAXATTN_ACC128 JAXATTN_ACC64, JAXATTN_ACC8(64), JAXATTN_ACC8(72), JAXATTN_ACC8(80), JAXATTN_ACC8(88), JAXATTN_ACC8(96), JAXATTN_ACC8(104), JAXATTN_ACC8(112), JAXATTN_ACC8(120)
 
-// D(64x32, f32) (+)= A(64x16, registers) * B(16x32, smem desc).
-template <typename Elem, int kTransB>
-__device__ __forceinline__ void wgmma_rs_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-#define JAXATTN_WGMMA_RS(TY)                                                              \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                     \
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " "                          \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, %22;\n}\n"                     \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) { JAXATTN_WGMMA_RS("bf16"); } else { JAXATTN_WGMMA_RS("f16"); }
-#undef JAXATTN_WGMMA_RS
-}
+// D(64xN, f32) (+)= A(64x16, smem desc) * B(16xN, smem desc); scale_d = 0 overwrites D.
+// Operands: accumulators, desc_a = %R0, desc_b = %R1, scale_d = %R2, kTransA = %R3, kTransB = %R4.
+#define JAXATTN_WGMMA_SS_ASM(TY, N, REGS, ACC, R0, R1, R2, R3, R4)                                      \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #R2 ", 0;\n"                                         \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " "                             \
+               "{" REGS "}, %" #R0 ", %" #R1 ", p, 1, 1, %" #R3 ", %" #R4 ";\n}\n"                        \
+               : ACC                                                                                      \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
+#define JAXATTN_DEFINE_WGMMA_SS(N, R, R0, R1, R2, R3, R4)                                                 \
+  template <typename Elem, int kTransA, int kTransB>                                                      \
+  __device__ __forceinline__ void wgmma_ss_m64n##N##k16(float(&d)[R], uint64_t desc_a, uint64_t desc_b,    \
+                                                        int scale_d) {                                    \
+    if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {                                                 \
+      JAXATTN_WGMMA_SS_ASM("bf16", N, JAXATTN_REGS##R, JAXATTN_ACC##R, R0, R1, R2, R3, R4);              \
+    } else {                                                                                             \
+      JAXATTN_WGMMA_SS_ASM("f16", N, JAXATTN_REGS##R, JAXATTN_ACC##R, R0, R1, R2, R3, R4);               \
+    }                                                                                                     \
+  }
 
-// D(64x64, f32) (+)= A(64x16, smem desc) * B(16x64, smem desc); scale_d = 0 overwrites D.
-template <typename Elem, int kTransA, int kTransB>
-__device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-#define JAXATTN_WGMMA_SS(TY)                                                              \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                     \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                          \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, %35, %36;\n}\n"                   \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) { JAXATTN_WGMMA_SS("bf16"); } else { JAXATTN_WGMMA_SS("f16"); }
-#undef JAXATTN_WGMMA_SS
-}
+// D(64xN, f32) (+)= A(64x16, registers) * B(16xN, smem desc).
+// Operands: accumulators, a[0..3] = %R0..%R0+3, desc_b = %R4, scale_d = %R5, kTransB = %R6.
+#define JAXATTN_WGMMA_RS_ASM(TY, N, REGS, ACC, R0, R1, R2, R3, R4, R5, R6)                              \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #R5 ", 0;\n"                                         \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " "                             \
+               "{" REGS "}, {%" #R0 ",%" #R1 ",%" #R2 ",%" #R3 "}, %" #R4 ", p, 1, 1, %" #R6 ";\n}\n"       \
+               : ACC                                                                                      \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
+#define JAXATTN_DEFINE_WGMMA_RS(N, R, R0, R1, R2, R3, R4, R5, R6)                                         \
+  template <typename Elem, int kTransB>                                                                   \
+  __device__ __forceinline__ void wgmma_rs_m64n##N##k16(float(&d)[R], const uint32_t(&a)[4], uint64_t desc_b, \
+                                                        int scale_d) {                                    \
+    if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {                                                 \
+      JAXATTN_WGMMA_RS_ASM("bf16", N, JAXATTN_REGS##R, JAXATTN_ACC##R, R0, R1, R2, R3, R4, R5, R6);      \
+    } else {                                                                                             \
+      JAXATTN_WGMMA_RS_ASM("f16", N, JAXATTN_REGS##R, JAXATTN_ACC##R, R0, R1, R2, R3, R4, R5, R6);       \
+    }                                                                                                     \
+  }
 
-// D(64x64, f32) (+)= A(64x16, registers) * B(16x64, smem desc).
-template <typename Elem, int kTransB>
-__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-#define JAXATTN_WGMMA_RS(TY)                                                              \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                     \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                          \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"                     \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) { JAXATTN_WGMMA_RS("bf16"); } else { JAXATTN_WGMMA_RS("f16"); }
-#undef JAXATTN_WGMMA_RS
-}
-
-// D(64x80, f32) (+)= A(64x16, smem desc) * B(16x80, smem desc); scale_d = 0 overwrites D.
-template <typename Elem, int kTransA, int kTransB>
-__device__ __forceinline__ void wgmma_ss_m64n80k16(float (&d)[40], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-#define JAXATTN_WGMMA_SS(TY)                                                              \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"                                     \
-      "wgmma.mma_async.sync.aligned.m64n80k16.f32." TY "." TY " "                          \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}, %40, %41, p, 1, 1, %43, %44;\n}\n"                   \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) { JAXATTN_WGMMA_SS("bf16"); } else { JAXATTN_WGMMA_SS("f16"); }
-#undef JAXATTN_WGMMA_SS
-}
-
-// D(64x128, f32) (+)= A(64x16, smem desc) * B(16x128, smem desc); scale_d = 0 overwrites D.
-template <typename Elem, int kTransA, int kTransB>
-__device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-#define JAXATTN_WGMMA_SS(TY)                                                              \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                     \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " "                          \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, %67, %68;\n}\n"                   \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) { JAXATTN_WGMMA_SS("bf16"); } else { JAXATTN_WGMMA_SS("f16"); }
-#undef JAXATTN_WGMMA_SS
-}
-
-// D(64x128, f32) (+)= A(64x16, registers) * B(16x128, smem desc).
-template <typename Elem, int kTransB>
-__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-#define JAXATTN_WGMMA_RS(TY)                                                              \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                     \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " "                          \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"                     \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) { JAXATTN_WGMMA_RS("bf16"); } else { JAXATTN_WGMMA_RS("f16"); }
-#undef JAXATTN_WGMMA_RS
-}
-
-// D(64x160, f32) (+)= A(64x16, smem desc) * B(16x160, smem desc); scale_d = 0 overwrites D.
-template <typename Elem, int kTransA, int kTransB>
-__device__ __forceinline__ void wgmma_ss_m64n160k16(float (&d)[80], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-#define JAXATTN_WGMMA_SS(TY)                                                              \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"                                     \
-      "wgmma.mma_async.sync.aligned.m64n160k16.f32." TY "." TY " "                          \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79}, %80, %81, p, 1, 1, %83, %84;\n}\n"                   \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) { JAXATTN_WGMMA_SS("bf16"); } else { JAXATTN_WGMMA_SS("f16"); }
-#undef JAXATTN_WGMMA_SS
-}
-
-// D(64x176, f32) (+)= A(64x16, smem desc) * B(16x176, smem desc); scale_d = 0 overwrites D.
-// (N = 176: the forward's 176-key block at head dim 128, its default at S >= 8192.)
-template <typename Elem, int kTransA, int kTransB>
-__device__ __forceinline__ void wgmma_ss_m64n176k16(float (&d)[88], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-#define JAXATTN_WGMMA_SS(TY)                                                              \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"                                     \
-      "wgmma.mma_async.sync.aligned.m64n176k16.f32." TY "." TY " "                          \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87}, %88, %89, p, 1, 1, %91, %92;\n}\n"                   \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) { JAXATTN_WGMMA_SS("bf16"); } else { JAXATTN_WGMMA_SS("f16"); }
-#undef JAXATTN_WGMMA_SS
-}
-
-// D(64x256, f32) (+)= A(64x16, smem desc) * B(16x256, smem desc); scale_d = 0 overwrites D.
-template <typename Elem, int kTransA, int kTransB>
-__device__ __forceinline__ void wgmma_ss_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-#define JAXATTN_WGMMA_SS(TY)                                                              \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                     \
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " "                          \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, %131, %132;\n}\n"                   \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) { JAXATTN_WGMMA_SS("bf16"); } else { JAXATTN_WGMMA_SS("f16"); }
-#undef JAXATTN_WGMMA_SS
-}
-
-// D(64x256, f32) (+)= A(64x16, registers) * B(16x256, smem desc).
-template <typename Elem, int kTransB>
-__device__ __forceinline__ void wgmma_rs_m64n256k16(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-#define JAXATTN_WGMMA_RS(TY)                                                              \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                     \
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " "                          \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, %134;\n}\n"                     \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) { JAXATTN_WGMMA_RS("bf16"); } else { JAXATTN_WGMMA_RS("f16"); }
-#undef JAXATTN_WGMMA_RS
-}
+JAXATTN_DEFINE_WGMMA_SS(32, 16, 16, 17, 18, 19, 20)
+JAXATTN_DEFINE_WGMMA_SS(64, 32, 32, 33, 34, 35, 36)
+JAXATTN_DEFINE_WGMMA_SS(80, 40, 40, 41, 42, 43, 44)
+JAXATTN_DEFINE_WGMMA_SS(128, 64, 64, 65, 66, 67, 68)
+JAXATTN_DEFINE_WGMMA_SS(160, 80, 80, 81, 82, 83, 84)
+JAXATTN_DEFINE_WGMMA_SS(176, 88, 88, 89, 90, 91, 92)
+JAXATTN_DEFINE_WGMMA_SS(256, 128, 128, 129, 130, 131, 132)
+JAXATTN_DEFINE_WGMMA_RS(32, 16, 16, 17, 18, 19, 20, 21, 22)
+JAXATTN_DEFINE_WGMMA_RS(64, 32, 32, 33, 34, 35, 36, 37, 38)
+JAXATTN_DEFINE_WGMMA_RS(128, 64, 64, 65, 66, 67, 68, 69, 70)
+JAXATTN_DEFINE_WGMMA_RS(256, 128, 128, 129, 130, 131, 132, 133, 134)
+#undef JAXATTN_DEFINE_WGMMA_SS
+#undef JAXATTN_DEFINE_WGMMA_RS
+#undef JAXATTN_WGMMA_SS_ASM
+#undef JAXATTN_WGMMA_RS_ASM
+#undef JAXATTN_ACC8
+#undef JAXATTN_REGS16
+#undef JAXATTN_ACC16
+#undef JAXATTN_REGS32
+#undef JAXATTN_ACC32
+#undef JAXATTN_REGS40
+#undef JAXATTN_ACC40
+#undef JAXATTN_REGS64
+#undef JAXATTN_ACC64
+#undef JAXATTN_REGS80
+#undef JAXATTN_ACC80
+#undef JAXATTN_REGS88
+#undef JAXATTN_ACC88
+#undef JAXATTN_REGS128
+#undef JAXATTN_ACC128
+#undef JAXATTN_REG8_0
+#undef JAXATTN_REG8_1
+#undef JAXATTN_REG8_2
+#undef JAXATTN_REG8_3
+#undef JAXATTN_REG8_4
+#undef JAXATTN_REG8_5
+#undef JAXATTN_REG8_6
+#undef JAXATTN_REG8_7
+#undef JAXATTN_REG8_8
+#undef JAXATTN_REG8_9
+#undef JAXATTN_REG8_10
+#undef JAXATTN_REG8_11
+#undef JAXATTN_REG8_12
+#undef JAXATTN_REG8_13
+#undef JAXATTN_REG8_14
+#undef JAXATTN_REG8_15
 
 // wgmma_ss_m64n{N}k16 for N = 32, 64, 80, 128, 160, 176 or 256, with either operand's major-ness.
 template <typename Elem, int N, int kTransA, int kTransB>
