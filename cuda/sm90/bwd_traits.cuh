@@ -69,7 +69,11 @@ struct BwdTraits {
   static constexpr bool kDqWarp = kHeadDim == 64;
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
+#ifdef JAXATTN_EXP_BWD_STAGES3  // measurement switch: a third Q / dO stage at head dim 128 (224 KB)
+  static constexpr int kStages = kHeadDim == 128 ? 3 : 2;
+#else
   static constexpr int kStages = 2;  // (3 at head dim 64: same speed, session 5)
+#endif
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // setmaxnreg only moves registers inside the CTA's launch allocation, 168 per thread
   // x 384 (__launch_bounds__(384, 1)) = 64512, not the whole 64K file: 128 x 24 + 256 x
