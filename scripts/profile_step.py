@@ -7,11 +7,15 @@ The step (forward, or jax.grad of sum(out * dout) as in benchmarks/attention.py)
 compiled and run twice first; then profiling is switched on (cuProfilerStart on JAX's
 primary context) for exactly one more run, so the profiler lists that run's kernels
 and nothing of compilation, autotuning or input generation. Without a profiler it
-just runs. B*T = 16384 and N*H = 2048, as in the benchmark grid.
+just runs. B*T = 16384 and N*H = 2048, as in the benchmark grid; the step and its
+inputs come from benchmarks/attention.py (build_function, make_inputs), so the
+profiled step is the benchmark's.
 """
 
 import argparse
 import ctypes
+import importlib.util
+import os
 
 
 def profiler(on: bool) -> None:
@@ -39,26 +43,17 @@ def main() -> None:
 
     import jaxattn
 
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "attention.py")
+    spec = importlib.util.spec_from_file_location("jaxattn_benchmark_attention", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
     H, T = args.heads, args.seqlen
-    B, N = max(1, 16384 // T), 2048 // H
-    keys = jax.random.split(jax.random.key(0), 4)
-    q, k, v, dout = (jax.random.normal(kk, (B, T, N, H), jnp.bfloat16) for kk in keys)
-
-    if args.impl == "jaxattn":
-        def attn(q, k, v):
-            return jaxattn.flash_attention(q, k, v, is_causal=args.causal)
-    else:
-        def attn(q, k, v):
-            return jax.nn.dot_product_attention(q, k, v, is_causal=args.causal, implementation=args.impl)
-
-    if args.pass_ == "fwd":
-        fn = jax.jit(attn)
-        call = lambda: fn(q, k, v)  # noqa: E731
-    else:
-        def grads(q, k, v, dout):
-            return jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v).astype(jnp.float32) * dout), argnums=(0, 1, 2))(q, k, v)
-        fn = jax.jit(grads)
-        call = lambda: fn(q, k, v, dout)  # noqa: E731
+    B, N = max(1, 16384 // T), max(1, 2048 // H)
+    row = dict(pass_=args.pass_, dtype="bfloat16", B=B, T=T, S=T, N=N, K=N, H=H, causal=args.causal)
+    fn = jax.jit(bench.build_function(jax, jnp, jaxattn, args.impl, row, None))
+    inputs = bench.make_inputs(jax, jnp, row, jax.devices()[0], 1, 0)[0]
+    call = lambda: fn(*inputs)  # noqa: E731
 
     on_gpu = jax.default_backend() == "gpu"
     for _ in range(2):
