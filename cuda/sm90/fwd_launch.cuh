@@ -15,20 +15,20 @@
 
 namespace jaxattn::sm90 {
 
-// The main-loop schedule used by flash_fwd_sm90, from H200 measurements (bf16,
-// B*T = 16384, N*H = 2048): overlap + pingpong wins at H 64/128 (e.g. H=64 T=16K
-// 446 vs 397 TFLOP/s, H=128 causal T=4K 520 vs 455); at H=256 (64-key blocks) plain
-// overlap was ahead by 1-3%, so its 80-key kWideKeys runs plain overlap. At H=64
-// with T >= 2048, three consumer warpgroups (192-row tiles) beat it: T=16K 496 vs
-// 456 (causal 489 vs 436), T=4K 465 vs 441 (causal 395 vs 384); at T=1024 they lose (361 vs 370, causal 236 vs 253): fewer,
-// longer tiles. (2048 is between the measured 1024 and 4096.) At H=128 with
-// S >= 8192, 176-key blocks (kWideKeys) beat 128-key ones (session 6, round-robin
-// timing: T=16K 651 vs 629 non-causal, 623 vs 596 causal; T=4K +0.7%; T=1K -2 / -9%,
-// where fewer, longer blocks leave more of the last block masked). (8192: between
-// the measured 4096 and 16384.) At H=256, 80-key blocks (kWideKeys there) beat 64-key
-// ones everywhere (session 8, one binary, TFLOP/s grid 80 vs 64: 545 / 677 / 726 vs
-// 498 / 578 / 594, causal 373 / 564 / 686 vs 359 / 500 / 586): each S wgmma does 25%
-// more work for the same softmax / barrier cost per block.
+// The main-loop schedule used by flash_fwd_sm90, from H200 measurements (bf16, B*T =
+// 16384, N*H = 2048): overlap + pingpong wins at H 64/128 (e.g. H=64 T=16K 446 vs 397
+// TFLOP/s, H=128 causal T=4K 520 vs 455); at H=256 (64-key blocks) plain overlap was
+// ahead by 1-3%, so its 80-key kWideKeys runs plain overlap. At H=64 with T >= 2048,
+// three consumer warpgroups (192-row tiles) beat it: T=16K 496 vs 456 (causal 489 vs
+// 436), T=4K 465 vs 441 (causal 395 vs 384); at T=1024 they lose (361 vs 370, causal
+// 236 vs 253): fewer, longer tiles. (2048 is between the measured 1024 and 4096.) At
+// H=128 with S >= 8192, 176-key blocks (kWideKeys) beat 128-key ones (session 6,
+// round-robin timing: T=16K 651 vs 629 non-causal, 623 vs 596 causal; T=4K +0.7%; T=1K
+// -2 / -9%, where fewer, longer blocks leave more of the last block masked). (8192:
+// between the measured 4096 and 16384.) At H=256, 80-key blocks (kWideKeys there) beat
+// 64-key ones everywhere (session 8, one binary, TFLOP/s grid 80 vs 64: 545 / 677 /
+// 726 vs 498 / 578 / 594, causal 373 / 564 / 686 vs 359 / 500 / 586): each S wgmma
+// does 25% more work for the same softmax / barrier cost per block.
 inline FwdVariant default_variant(int head_dim, int seqlen_q, int seqlen_k) {
   if (head_dim == 64 && seqlen_q >= 2048) return FwdVariant::kOverlap3;
   if (head_dim == 128 && seqlen_k >= 8192) return FwdVariant::kWideKeys;
