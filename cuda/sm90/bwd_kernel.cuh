@@ -2,9 +2,11 @@
 // per 128-key block (head dim 256: 64 keys) of one (batch, kv head); the whole GQA group of query heads
 // streams through it, so dK / dV are reduced over the group in registers.
 //
-// Threads: warpgroup 0 = producer (setmaxnreg.dec; one thread issues every TMA
-// load), warpgroups 1..2 = consumers (setmaxnreg.inc; wgmma, P / dS, dQ reduce-adds
-// and the dK / dV epilogue for 64 keys each).
+// Threads: warpgroup 0 = producer (setmaxnreg.dec): warp 0 feeds the ring (lane 0
+// issues every TMA load, all lanes write each stage's row statistics), and at head
+// dim 64 one thread of warp 1 issues the dQ reduce-adds; warpgroups 1..2 = consumers
+// (setmaxnreg.inc; wgmma, P / dS, dQ reduce-adds and the dK / dV epilogue for 64 keys
+// each).
 #pragma once
 
 #include <cuda.h>
@@ -62,7 +64,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     hptx::mbar_init(sm.bar_kv(), 1);
 #pragma unroll
     for (int s = 0; s < Tr::kStages; ++s) {
-      hptx::mbar_init(sm.bar_q_full(s), 1);
+      hptx::mbar_init(sm.bar_q_full(s), Tr::kQFullArrivals);
       hptx::mbar_init(sm.bar_q_empty(s), Tr::kQEmptyArrivals);
     }
     if constexpr (Tr::kDqWarp) {
@@ -91,12 +93,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
 
   if (warpgroup == 0) {
     hptx::setmaxnreg_dec<Tr::kProducerRegs>();
-    if (threadIdx.x == 0) {
-      hptx::prefetch_tmap(&params.tm_q);
-      hptx::prefetch_tmap(&params.tm_do);
-      hptx::prefetch_tmap(&params.tm_k);
-      hptx::prefetch_tmap(&params.tm_v);
-      BwdMainloop<Tr>::produce(&params.tm_q, &params.tm_do, &params.tm_k, &params.tm_v, sm, tile, args, kMasked);
+    if (threadIdx.x < 32) {
+      if (threadIdx.x == 0) {
+        hptx::prefetch_tmap(&params.tm_q);
+        hptx::prefetch_tmap(&params.tm_do);
+        hptx::prefetch_tmap(&params.tm_k);
+        hptx::prefetch_tmap(&params.tm_v);
+      }
+      BwdMainloop<Tr>::produce(&params.tm_q, &params.tm_do, &params.tm_k, &params.tm_v, sm, tile, args,
+                               threadIdx.x, kMasked);
     } else if (Tr::kDqWarp && threadIdx.x == 32) {
       BwdMainloop<Tr>::reduce_dq(&params.tm_dq, sm, tile, args);
     }

@@ -3,7 +3,7 @@
 //
 // Per query block (step), in each consumer warpgroup:
 //   1. S^T and dP^T issued back to back (two commit groups); the per-query lse and
-//      D values are fetched meanwhile (one coalesced load per lane, spread by shfl).
+//      D values are read meanwhile from the stage's stats tile (load_stats).
 //   2. P^T = exp2(S^T scale log2e - lse log2e) as soon as S^T lands (masked only on
 //      boundary / diagonal blocks); dS^T = P^T (dP^T - D) when dP^T lands.
 //   3. dV += P^T dO issued at once (A from registers); dS^T written to smem; one
@@ -129,28 +129,51 @@ struct BwdMainloop {
     hptx::tma_load_5d(sm.v(), tm_v, sm.bar_kv(), 0, tile.n_block * kBlockN, 0, tile.kv_head, tile.batch);
   }
 
-  // K / V (unless kv_issued: the masked kernels issue them before their query range
-  // is known), then Q / dO step by step through the ring.
+  // The producer warp (warp 0): lane 0 issues K / V (unless kv_issued: the masked
+  // kernels issue them before their query range is known), then Q / dO step by step
+  // through the ring; with each stage every lane writes the row statistics of two of
+  // its query rows (rows lane and lane + 32): lse in the log2 domain (+inf for rows
+  // past T or with no key, so P = 0) and D, loaded before the stage is free, then
+  // arrives on q_full (33 arrivals with lane 0's expect_tx). The consumers read them
+  // from shared memory and issue no global loads: their proxy fences used to wait out
+  // the latency of those loads (session 9 profile), and the lse loads are strided by
+  // the head count.
   __device__ static void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_do, const CUtensorMap* tm_k,
                                  const CUtensorMap* tm_v, const BwdSmem<Tr>& sm, const BwdTile& tile,
-                                 const BwdArgs& args, bool kv_issued = false) {
-    if (!kv_issued) load_kv(tm_k, tm_v, sm, tile);
+                                 const BwdArgs& args, int lane, bool kv_issued = false) {
+    if (!kv_issued && lane == 0) load_kv(tm_k, tm_v, sm, tile);
+    const int T = args.seqlen_q, N = args.num_heads;
     Pipe pipe;
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
+      const float* lse = args.lse + (int64_t)tile.batch * T * N + head;
+      const float* dps = args.dpsum + ((int64_t)tile.batch * N + head) * T;
       for (int m = tile.m_begin; m < tile.m_end; ++m) {
-        hptx::mbar_wait(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
-#ifdef JAXATTN_EXP_Q_ONCE  // timing experiment only: Q / dO loaded for the first steps only
-        if (hg > 0 || m - tile.m_begin >= Tr::kStages) {
-          hptx::mbar_arrive(sm.bar_q_full(pipe.stage));
-          pipe.advance();
-          continue;
+        // (The row recomputed from an opaque copy of m each step: ptxas otherwise keeps
+        // strength-reduced 64-bit row pointers across steps and spills at 24 / 32
+        // registers.)
+        const int q0 = ptx::opaque(m) * kBlockM + lane;
+        float l[2], d[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int q = q0 + 32 * r;
+          l[r] = q < T ? lse[(int64_t)q * N] : -INFINITY;
+          d[r] = q < T ? dps[q] : 0.f;
         }
-#endif
-        hptx::mbar_arrive_expect_tx(sm.bar_q_full(pipe.stage), 2 * Tr::kQBytes);
-        hptx::tma_load_5d(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), 0, m * kBlockM, 0, head, tile.batch);
-        hptx::tma_load_5d(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), 0, m * kBlockM, 0, head,
-                          tile.batch);
+        hptx::mbar_wait(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
+        if (lane == 0) {
+          hptx::mbar_arrive_expect_tx(sm.bar_q_full(pipe.stage), 2 * Tr::kQBytes);
+          hptx::tma_load_5d(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), 0, m * kBlockM, 0, head, tile.batch);
+          hptx::tma_load_5d(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), 0, m * kBlockM, 0, head,
+                            tile.batch);
+        }
+        const uint32_t st = sm.stats(pipe.stage) + 4 * lane;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          ptx::st_shared_f32(st + 4 * 32 * r, l[r] == -INFINITY ? INFINITY : l[r] * float(M_LOG2E));
+          ptx::st_shared_f32(st + 4 * (kBlockM + 32 * r), d[r]);
+        }
+        hptx::mbar_arrive(sm.bar_q_full(pipe.stage));
         pipe.advance();
       }
     }
@@ -278,60 +301,27 @@ struct BwdMainloop {
     if (lane == 0) hptx::mbar_arrive(bar);
   }
 
-  // Value of column 8 j + 2 t + e from the per-lane pair (lane L holds columns 2 L, 2 L + 1).
-  __device__ __forceinline__ static float col_value(const float2& v, int j, int t, int e) {
-    const int src = 4 * j + t;
-    return e == 0 ? __shfl_sync(0xffffffffu, v.x, src) : __shfl_sync(0xffffffffu, v.y, src);
-  }
-
-  // lse (raw: -inf for rows past T) and D of query columns q0 + 2 lane, q0 + 2 lane + 1
-  // (one coalesced load per lane). Nothing here reads the loaded values, so the loads
-  // stay in flight until lse_log2 / dscores use them (a conversion right after the
-  // load made every warp wait out the L2 latency there: the top stall in Nsight
-  // Compute, session 5).
-  __device__ __forceinline__ static void load_row_stats(const float* lse_bh, const float* dps_bh, int q0, int T,
-                                                        int num_heads, int lane, float2& lse2, float2& dps2) {
-    const int qa = q0 + 2 * lane, qb = qa + 1;
-    lse2.x = qa < T ? lse_bh[(int64_t)qa * num_heads] : -INFINITY;
-    lse2.y = qb < T ? lse_bh[(int64_t)qb * num_heads] : -INFINITY;
-    dps2.x = qa < T ? dps_bh[qa] : 0.f;
-    dps2.y = qb < T ? dps_bh[qb] : 0.f;
-  }
-
-  // lse in the log2 domain, +inf for rows past T or with no key (so P = 0).
-  __device__ __forceinline__ static float2 lse_log2(const float2& lse) {
-    return make_float2(lse.x == -INFINITY ? INFINITY : lse.x * float(M_LOG2E),
-                       lse.y == -INFINITY ? INFINITY : lse.y * float(M_LOG2E));
-  }
-
-  // load_row_stats for step (query head hg of the group, query block m) of a tile.
-  __device__ __forceinline__ static void load_step_stats(const BwdArgs& args, const BwdTile& tile, int hg, int m,
-                                                         int lane, float2& lse2, float2& dps2, int q_off = 0) {
-    const int head = tile.kv_head * args.group + hg, T = args.seqlen_q;
-    load_row_stats(args.lse + (int64_t)tile.batch * T * args.num_heads + head,
-                   args.dpsum + ((int64_t)tile.batch * args.num_heads + head) * T, m * kBlockM + q_off, T,
-                   args.num_heads, lane, lse2, dps2);
-  }
-
-  // The stats of the step after (hg, m), if there is one.
-  __device__ __forceinline__ static void prefetch_next_stats(const BwdArgs& args, const BwdTile& tile, int hg, int m,
-                                                             int lane, float2& lse2, float2& dps2, int q_off = 0) {
-    if (++m == tile.m_end) m = tile.m_begin, ++hg;
-    if (hg < args.group) load_step_stats(args, tile, hg, m, lane, lse2, dps2, q_off);
+  // The row statistics (lse_log2 or D, from the stage's stats tile at `row_stats`,
+  // which starts at this accumulator's first query column) of this thread's query
+  // columns 8 j + 2 t, 8 j + 2 t + 1: one 8-byte shared load per j.
+  template <int kCols>
+  __device__ __forceinline__ static void load_col_stats(float2 (&v)[kCols / 8], uint32_t row_stats, int t) {
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) v[j] = ptx::ld_shared_f32x2(row_stats + 4 * (8 * j + 2 * t));
   }
 
   // P^T = exp2(S^T scale log2e - lse) in place, for an accumulator of 64 keys (this
   // thread's rows key0, key0 + 8) x kCols query columns from q0; keys >= S and
   // (causal) keys > query are zeroed when need_mask.
+  // lse: load_col_stats of lse_log2.
   template <bool kCausal, int kCols>
-  __device__ __forceinline__ static void probs(float (&s)[kCols / 2], const float2& lse_raw, int q0, int key0, int S,
-                                               float sl2, bool need_mask, int t) {
-    const float2 lse2 = lse_log2(lse_raw);
+  __device__ __forceinline__ static void probs(float (&s)[kCols / 2], const float2 (&lse)[kCols / 8], int q0, int key0,
+                                               int S, float sl2, bool need_mask, int t) {
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float l = col_value(lse2, j, t, e);
+        const float l = e == 0 ? lse[j].x : lse[j].y;
         const int q = q0 + 8 * j + 2 * t + e;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -346,15 +336,15 @@ struct BwdMainloop {
     }
   }
 
-  // dS^T = P^T (dP^T - D) in place of dP^T.
+  // dS^T = P^T (dP^T - D) in place of dP^T (dps: load_col_stats of D).
   template <int kCols>
   __device__ __forceinline__ static void dscores(float (&dp)[kCols / 2], const float (&p)[kCols / 2],
-                                                 const float2& dps2, int t) {
+                                                 const float2 (&dps)[kCols / 8]) {
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float d = col_value(dps2, j, t, e);
+        const float d = e == 0 ? dps[j].x : dps[j].y;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int i = 4 * j + 2 * h + e;
@@ -387,12 +377,6 @@ struct BwdMainloop {
     BwdStepMask<kMasked, kBlockM> mask(mask_view, args.attn, key0);
     mask.begin(tile.m_begin < tile.m_end ? tile.m_begin * kBlockM : -1);
 
-    // lse and D for columns 2 lane, 2 lane + 1 of a step, loaded one step ahead (read
-    // only in probs / dscores, so the load latency hides behind a whole step: +10-17%
-    // at every head dim, session 5).
-    float2 lse_next, dps_next;
-    if (tile.m_begin < tile.m_end) load_step_stats(args, tile, 0, tile.m_begin, lane, lse_next, dps_next);
-
     hptx::mbar_wait(sm.bar_kv(), 0);
     // At head dim 64, S^T = K Q^T and dP^T = V dO^T take this warpgroup's K / V rows
     // from registers (2 x 16 registers), halving their shared-memory reads: +2-8%
@@ -415,7 +399,6 @@ struct BwdMainloop {
       for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
         const int q_base = m * kBlockM;
         const bool last_step = step == n_steps - 1;
-        const float2 lse2 = lse_next, dps2 = dps_next;
 
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
@@ -428,23 +411,31 @@ struct BwdMainloop {
         else issue_abT(dp, v_rows, kBlockN * 128, do_tile);
         hptx::wgmma_commit();
         pass_turn(wg);
-        prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next);
         const int next_m = next_step_block(tile, args.group, hg, m);
         mask.load_ids(next_m < 0 ? -1 : next_m * kBlockM, t);
+        // The step's lse / D columns (shared loads): at head dim 64 in flight while S^T
+        // finishes; at 128 (and masked) there are no registers to hold them that long:
+        // lse once S^T is in (after its mask), D before waiting for dP^T.
+        constexpr bool kEarlyStats = kHeadDim == 64 && !kMasked;
+        float2 lse_c[kBlockM / 8], dps_c[kBlockM / 8];
+        if constexpr (kEarlyStats) load_col_stats<kBlockM>(lse_c, sm.stats(pipe.stage), t);
 
         // P^T once S^T is in.
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(s);
+        if constexpr (kEarlyStats) load_col_stats<kBlockM>(dps_c, sm.stats(pipe.stage) + kBlockM * 4, t);
         mask.apply(s, args.attn, key_wg0, key0, q_base, t);
+        if constexpr (!kEarlyStats) load_col_stats<kBlockM>(lse_c, sm.stats(pipe.stage), t);
         const bool need_mask = !kMasked && (key_wg0 + 63 >= S || (kCausal && key_wg0 + 63 > q_base));
-        probs<kCausal, kBlockM>(s, lse2, q_base, key0, S, sl2, need_mask, t);
+        probs<kCausal, kBlockM>(s, lse_c, q_base, key0, S, sl2, need_mask, t);
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
 
         // dS^T once dP^T is in.
+        if constexpr (!kEarlyStats) load_col_stats<kBlockM>(dps_c, sm.stats(pipe.stage) + kBlockM * 4, t);
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dp);
-        dscores<kBlockM>(dp, s, dps2, t);
+        dscores<kBlockM>(dp, s, dps_c);
         mask.chain_grads(dp);
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);

@@ -100,11 +100,6 @@ struct BwdMainloopWide {
     BwdStepMask<kMasked, kQCols> mask(mask_view, args.attn, key0);
     mask.begin(tile.m_begin < tile.m_end ? tile.m_begin * kBlockM + wg * kQCols : -1);
 
-    // lse / D of this warpgroup's query columns, loaded one step ahead.
-    float2 lse_next, dps_next;
-    if (tile.m_begin < tile.m_end)
-      Base::load_step_stats(args, tile, 0, tile.m_begin, lane, lse_next, dps_next, wg * kQCols);
-
     hptx::mbar_wait(sm.bar_kv(), 0);
     Pipe pipe;
     int buf = 0;
@@ -113,7 +108,6 @@ struct BwdMainloopWide {
       const int head = tile.kv_head * args.group + hg;
       for (int m = tile.m_begin; m < tile.m_end; ++m) {
         const int q_base = m * kBlockM, q0 = q_base + wg * kQCols;
-        const float2 lse2 = lse_next, dps2 = dps_next;
 
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
@@ -122,7 +116,6 @@ struct BwdMainloopWide {
         hptx::wgmma_commit();
         issue_abT(dp, sm.v(), do_tile, wg);
         hptx::wgmma_commit();
-        Base::prefetch_next_stats(args, tile, hg, m, lane, lse_next, dps_next, wg * kQCols);
         const int next_m = Base::next_step_block(tile, args.group, hg, m);
         mask.load_ids(next_m < 0 ? -1 : next_m * kBlockM + wg * kQCols, t);
 
@@ -132,19 +125,25 @@ struct BwdMainloopWide {
           hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
         }
 
+        // This warpgroup's lse / D columns from the stage's stats tile.
+        float2 lse_c[kQCols / 8], dps_c[kQCols / 8];
+        const uint32_t stats = sm.stats(pipe.stage) + 4 * wg * kQCols;
+        Base::template load_col_stats<kQCols>(lse_c, stats, t);
+        Base::template load_col_stats<kQCols>(dps_c, stats + kBlockM * 4, t);
+
         // P^T, then dS^T, into this warpgroup's columns of the shared tiles.
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(s);
         mask.apply(s, args.attn, key_cta0, key0, q0, t);
         const bool need_mask = !kMasked && (key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q0));
-        Base::template probs<kCausal, kQCols>(s, lse2, q0, key0, S, sl2, need_mask, t);
+        Base::template probs<kCausal, kQCols>(s, lse_c, q0, key0, S, sl2, need_mask, t);
 #pragma unroll
         for (int i = 0; i < kSRegs / 2; ++i) pk[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
         store_packed_sw128<kQCols>(pk, sm.pt(buf), 0, warp * 16 + g, t, wg * kQCols);
 
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dp);
-        Base::template dscores<kQCols>(dp, s, dps2, t);
+        Base::template dscores<kQCols>(dp, s, dps_c);
         mask.chain_grads(dp);
 #pragma unroll
         for (int i = 0; i < kSRegs / 2; ++i) pk[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);

@@ -43,6 +43,8 @@ namespace jaxattn::sm90 {
 //   dS^T [2][kBlockN][kBlockM]           (double-buffered: kBlockM = 64 = one chunk)
 //   P^T  [2][kBlockN][kBlockM]           (wide only)
 //   dQ staging [2 warpgroups][kDqCols/32 chunks][kBlockM][32 floats] (not wide)
+//   row stats [kStages][2][kBlockM] f32: the step's lse * log2(e) (+inf for rows
+//     past T or with no key) and D, written by the producer warp with each Q / dO stage
 //   mbarriers: kv_full, q_full[s], q_empty[s]
 // dQ = dS K is split by head dim: each warpgroup computes half of the columns over all
 // 128 keys, so it needs the other's dS^T half (a barrier of both warpgroups every step).
@@ -69,11 +71,8 @@ struct BwdTraits {
   static constexpr bool kDqWarp = kHeadDim == 64;
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
-#ifdef JAXATTN_EXP_BWD_STAGES3  // measurement switch: a third Q / dO stage at head dim 128 (224 KB)
-  static constexpr int kStages = kHeadDim == 128 ? 3 : 2;
-#else
-  static constexpr int kStages = 2;  // (3 at head dim 64: same speed, session 5)
-#endif
+  // (3 stages: same speed at head dim 64 (session 5) and -1 to +0.3% at 128 (session 9).)
+  static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // setmaxnreg only moves registers inside the CTA's launch allocation, 168 per thread
   // x 384 (__launch_bounds__(384, 1)) = 64512, not the whole 64K file: 128 x 24 + 256 x
@@ -102,11 +101,16 @@ struct BwdTraits {
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
   static constexpr int kOffPt = kOffDs + 2 * kDsBytes;  // wide: P^T [2][kBlockN][kBlockM]
   static constexpr int kOffDq = kOffPt + (kWide ? 2 * kDsBytes : 0);
-  static constexpr int kOffBar = kOffDq + kConsumerWarpgroups * kDqWgBytes;
+  static constexpr int kStatsBytes = 2 * kBlockM * 4;  // per stage: lse_log2[kBlockM], D[kBlockM]
+  static constexpr int kOffStats = kOffDq + kConsumerWarpgroups * kDqWgBytes;
+  static constexpr int kOffBar = kOffStats + kStages * kStatsBytes;
   static constexpr int kNumBars = 1 + 2 * kStages + (kDqWarp ? 2 * kConsumerWarpgroups : 0);
   // Arrivals that free a Q / dO stage: one per consumer warp; wide: one per
   // warpgroup, after its dQ reduce-add has read the staging it put there.
   static constexpr int kQEmptyArrivals = kWide ? kConsumerWarpgroups : 4 * kConsumerWarpgroups;
+  // Arrivals that fill one: lane 0 of the producer warp's expect_tx, then every lane's
+  // after writing its rows' statistics.
+  static constexpr int kQFullArrivals = 1 + 32;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqWgBytes % 1024 == 0, "1024-aligned tiles");
@@ -138,7 +142,10 @@ struct BwdSmem {
   __device__ __forceinline__ uint32_t ds(int b) const { return base + Tr::kOffDs + b * Tr::kDsBytes; }
   __device__ __forceinline__ uint32_t pt(int b) const { return base + Tr::kOffPt + b * Tr::kDsBytes; }
   __device__ __forceinline__ uint32_t dq(int wg) const { return base + Tr::kOffDq + wg * Tr::kDqWgBytes; }
-  // mbarriers: K and V loaded; Q/dO stage s full (TMA landed) / empty (every consumer warp done).
+  // Stage s's row statistics: lse_log2 of its kBlockM query rows, then D at + kBlockM * 4.
+  __device__ __forceinline__ uint32_t stats(int s) const { return base + Tr::kOffStats + s * Tr::kStatsBytes; }
+  // mbarriers: K and V loaded; Q/dO stage s full (TMA landed, stats written) / empty (every
+  // consumer warp done).
   __device__ __forceinline__ uint32_t bar_kv() const { return base + Tr::kOffBar; }
   __device__ __forceinline__ uint32_t bar_q_full(int s) const { return bar_kv() + 8 * (1 + s); }
   __device__ __forceinline__ uint32_t bar_q_empty(int s) const { return bar_kv() + 8 * (1 + Tr::kStages + s); }
