@@ -56,8 +56,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
   const BwdSmem<Tr> sm{(ptx::smem_addr(smem_raw) + 1023u) & ~1023u};
   const BwdArgs& args = params.args;
   BwdTile tile = bwd_tile_from_block<Tr, kCausal>(args);
-  __shared__ MaskView mask_view;  // (masked only; otherwise unused, so not allocated)
-  __shared__ int mask_red[2];
+  // (masked only) the call's MaskView and reduction scratch, in the dynamic window
+  uint8_t* const smem = smem_raw + (sm.base - ptx::smem_addr(smem_raw));
+  MaskView& mask_view = *reinterpret_cast<MaskView*>(smem + Tr::kOffMask);
+  int* const mask_red = reinterpret_cast<int*>(smem + Tr::kOffMaskRed);
+  static_assert(sizeof(MaskView) <= Tr::kMaskBytes && alignof(MaskView) <= 16, "MaskView fits its slot");
   const int warpgroup = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
 
   if (threadIdx.x == 0) {

@@ -46,6 +46,7 @@ namespace jaxattn::sm90 {
 //   row stats [kStages][2][kBlockM] f32: the step's lse * log2(e) (+inf for rows
 //     past T or with no key) and D, written by the producer warp with each Q / dO stage
 //   mbarriers: kv_full, q_full[s], q_empty[s]
+//   masked kernels: the MaskView, 2 ints of reduction scratch
 // dQ = dS K is split by head dim: each warpgroup computes half of the columns over all
 // 128 keys, so it needs the other's dS^T half (a barrier of both warpgroups every step).
 // (Splitting by keys instead, each warpgroup all columns over its own 64 keys, ran
@@ -111,7 +112,13 @@ struct BwdTraits {
   // Arrivals that fill one: lane 0 of the producer warp's expect_tx, then every lane's
   // after writing its rows' statistics.
   static constexpr int kQFullArrivals = 1 + 32;
-  static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
+  // Masked kernels: their MaskView and a 2-int reduction scratch, in the dynamic
+  // window (a static __shared__ variable would push the 1024-aligned dynamic window
+  // up by a whole 1 KB and head dim 256 would not fit).
+  static constexpr int kOffMask = (kOffBar + kNumBars * 8 + 15) / 16 * 16;
+  static constexpr int kMaskBytes = 256;
+  static constexpr int kOffMaskRed = kOffMask + kMaskBytes;
+  static constexpr int kSmemBytes = kOffMaskRed + 16 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqWgBytes % 1024 == 0, "1024-aligned tiles");
   static_assert(kBlockM == 64, "a dS^T / P^T tile is one 64-column chunk");
