@@ -336,15 +336,32 @@ struct BwdMainloop {
     }
   }
 
-  // probs_tile, masked only when need_mask (boundary / diagonal blocks). Two explicit
-  // paths: with the mask test inside one loop, ptxas computed the causal predicates
-  // on every step (P2R / LOP3 / ISETP: 632 -> 799 consumer instructions per step,
-  // -12 to -15% at H=64 causal, session 9).
+  // probs_tile, masked only when need_mask (boundary / diagonal blocks). Causal: two
+  // explicit paths; with the test inside one loop ptxas computed the causal predicates
+  // on every step (P2R / LOP3 / ISETP: 692 -> 799 consumer instructions per step,
+  // -12 to -15% at H=64, session 9). Non-causal: one loop with the (step-invariant)
+  // key >= S test predicated; the two-path form ran 4-8% slower there (session 9).
   template <bool kCausal, int kCols>
   __device__ __forceinline__ static void probs(float (&s)[kCols / 2], const float2 (&lse)[kCols / 8], int q0, int key0,
                                                int S, float sl2, bool need_mask, int t) {
-    if (need_mask) probs_tile<kCausal, true, kCols>(s, lse, q0, key0, S, sl2, t);
-    else probs_tile<kCausal, false, kCols>(s, lse, q0, key0, S, sl2, t);
+    if constexpr (kCausal) {
+      if (need_mask) probs_tile<true, true, kCols>(s, lse, q0, key0, S, sl2, t);
+      else probs_tile<true, false, kCols>(s, lse, q0, key0, S, sl2, t);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float l = e == 0 ? lse[j].x : lse[j].y;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float& x = s[4 * j + 2 * h + e];
+            x = ptx::exp2_approx(fmaf(x, sl2, -l));
+            if (need_mask && key0 + 8 * h >= S) x = 0.f;
+          }
+        }
+      }
+    }
   }
 
   // dS^T = P^T (dP^T - D) in place of dP^T (dps: load_col_stats of D).
