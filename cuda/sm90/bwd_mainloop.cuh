@@ -110,6 +110,15 @@ struct BwdMainloop {
   static constexpr int kAccRegs = Tr::kAccRegs;  // dK / dV accumulator floats (64 keys x H)
   static constexpr int kDqRegs = Tr::kDqCols / 2;
   using Pipe = PipeState<Tr::kStages>;
+  // Measurement switch (session 9, not yet run): the proxy fence and hand-off of the dQ
+  // staging after dK's wgmma wait instead of right after the stores (in the session-9
+  // profile the fence was ~6% of the consumers' stall samples at H=64, waiting for
+  // its own stores).
+#ifdef JAXATTN_EXP_BWD_LATE_DQ_FENCE
+  static constexpr bool kLateDqFence = Tr::kDqWarp;  // (at 128 the masked kernels spill with it)
+#else
+  static constexpr bool kLateDqFence = false;
+#endif
 
   // Visits the steps of a tile in order: (query head of the group, query block).
   struct StepIter {
@@ -493,21 +502,36 @@ struct BwdMainloop {
           // The dQ warp has read the previous step's staging; write, publish, go on.
           hptx::mbar_wait(sm.bar_dq_empty(wg), (uint32_t)(step & 1) ^ 1u);
           store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
-          hptx::fence_proxy_async_smem();
-          hptx::mbar_arrive(sm.bar_dq_full(wg));
+          if constexpr (!kLateDqFence) {
+            hptx::fence_proxy_async_smem();
+            hptx::mbar_arrive(sm.bar_dq_full(wg));
+          }
         } else {
           if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
           hptx::named_bar_sync(2 + wg, 128);
           store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
-          hptx::fence_proxy_async_smem();
-          hptx::named_bar_sync(2 + wg, 128);
-          if (tid == 0) add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
+          if constexpr (!kLateDqFence) {
+            hptx::fence_proxy_async_smem();
+            hptx::named_bar_sync(2 + wg, 128);
+            if (tid == 0) add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
+          }
         }
 
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
         hptx::reg_fence_array(ds);  // dK's A operand
+        if constexpr (kLateDqFence) {
+          // The staging stores drained while dK's wgmma finished: the proxy fence has
+          // little left to wait for here.
+          hptx::fence_proxy_async_smem();
+          if constexpr (Tr::kDqWarp) {
+            hptx::mbar_arrive(sm.bar_dq_full(wg));
+          } else {
+            hptx::named_bar_sync(2 + wg, 128);
+            if (tid == 0) add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
+          }
+        }
         release(sm.bar_q_empty(pipe.stage), lane);
         pipe.advance();
         ds_buf ^= 1;

@@ -125,16 +125,24 @@ struct BwdMainloopWide {
           hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
         }
 
-        // This warpgroup's lse / D columns from the stage's stats tile.
+        // This warpgroup's lse / D columns from the stage's stats tile (measurement
+        // switch, session 9, not yet run: both after the S^T wait, as at head dim 128;
+        // loading both before it cost 2-3% non-causal here).
         float2 lse_c[kQCols / 8], dps_c[kQCols / 8];
         const uint32_t stats = sm.stats(pipe.stage) + 4 * wg * kQCols;
+#ifndef JAXATTN_EXP_BWD_WIDE_LATE_STATS
         Base::template load_col_stats<kQCols>(lse_c, stats, t);
         Base::template load_col_stats<kQCols>(dps_c, stats + kBlockM * 4, t);
+#endif
 
         // P^T, then dS^T, into this warpgroup's columns of the shared tiles.
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(s);
         mask.apply(s, args.attn, key_cta0, key0, q0, t);
+#ifdef JAXATTN_EXP_BWD_WIDE_LATE_STATS
+        Base::template load_col_stats<kQCols>(lse_c, stats, t);
+        Base::template load_col_stats<kQCols>(dps_c, stats + kBlockM * 4, t);
+#endif
         const bool need_mask = !kMasked && (key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q0));
         Base::template probs<kCausal, kQCols>(s, lse_c, q0, key0, S, sl2, need_mask, t);
 #pragma unroll
