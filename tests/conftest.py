@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 import sys
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import pytest
+# Several pytest-xdist workers share one GPU: none may preallocate 75% of its memory,
+# or the later ones see no GPU and every GPU test skips (session 9 lost a device call
+# to a bare `pytest -n 12`). Set before jax is imported.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 
