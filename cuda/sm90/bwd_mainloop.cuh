@@ -244,12 +244,11 @@ struct BwdMainloop {
   // ([kChunks][rows][64]): S^T = K Q^T, dP^T = V dO^T.
   __device__ __forceinline__ static void issue_abT(float (&acc)[kSRegs], uint32_t a_rows, uint32_t a_chunk,
                                                    uint32_t b_tile) {
+    const hptx::TileDesc a(a_rows, 16, 1024), b(b_tile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t col = kk / 4, off = (kk % 4) * 32;
-      const uint64_t da = hptx::make_desc_sw128(a_rows + col * a_chunk + off, 16, 1024);
-      const uint64_t db = hptx::make_desc_sw128(b_tile + col * kBlockM * 128 + off, 16, 1024);
-      hptx::wgmma_ss<Elem, kBlockM, 0>(acc, da, db, kk > 0 ? 1 : 0);
+      hptx::wgmma_ss<Elem, kBlockM, 0>(acc, a.at(col * a_chunk + off), b.at(col * kBlockM * 128 + off), kk > 0 ? 1 : 0);
     }
   }
 
@@ -257,23 +256,23 @@ struct BwdMainloop {
   // (load_a_frags_sw128): only B is read from shared memory.
   __device__ __forceinline__ static void issue_abT_rs(float (&acc)[kSRegs], const uint32_t (&a)[kHeadDim / 4],
                                                       uint32_t b_tile) {
+    const hptx::TileDesc b(b_tile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t col = kk / 4, off = (kk % 4) * 32;
-      const uint64_t db = hptx::make_desc_sw128(b_tile + col * kBlockM * 128 + off, 16, 1024);
       const uint32_t f[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
-      hptx::wgmma_rs<Elem, kBlockM, 0>(acc, f, db, kk > 0 ? 1 : 0);
+      hptx::wgmma_rs<Elem, kBlockM, 0>(acc, f, b.at(col * kBlockM * 128 + off), kk > 0 ? 1 : 0);
     }
   }
 
   // acc(64 keys x H) += A(64 keys x kBlockM, registers) B(kBlockM x H: the Q or dO tile, MN-major).
   __device__ __forceinline__ static void issue_acc_rs(float (&acc)[kAccRegs], const uint32_t (&a)[kPRegs],
                                                       uint32_t b_tile) {
+    const hptx::TileDesc b(b_tile, kBlockM * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const uint64_t db = hptx::make_desc_sw128(b_tile + kk * 16 * 128, kBlockM * 128, 1024);
       const uint32_t f[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
-      hptx::wgmma_rs<Elem, kHeadDim, 1>(acc, f, db, 1);
+      hptx::wgmma_rs<Elem, kHeadDim, 1>(acc, f, b.at(kk * 16 * 128), 1);
     }
   }
 
@@ -282,12 +281,10 @@ struct BwdMainloop {
   __device__ __forceinline__ static void issue_dq(float (&dq)[kDqRegs], uint32_t ds_tile, uint32_t k_tile, int wg) {
     const int col0 = wg * Tr::kDqCols;
     const uint32_t b_base = k_tile + (col0 / 64) * kBlockN * 128 + (col0 % 64) * 2;
+    const hptx::TileDesc a(ds_tile, kBlockN * 128, 1024), b(b_base, kBlockN * 128, 1024);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t da = hptx::make_desc_sw128(ds_tile + kk * 16 * 128, kBlockN * 128, 1024);
-      const uint64_t db = hptx::make_desc_sw128(b_base + kk * 16 * 128, kBlockN * 128, 1024);
-      hptx::wgmma_ss_t<Elem, Tr::kDqCols, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
-    }
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      hptx::wgmma_ss_t<Elem, Tr::kDqCols, 1, 1>(dq, a.at(kk * 16 * 128), b.at(kk * 16 * 128), kk > 0 ? 1 : 0);
   }
 
   // Pingpong turns (Tr::kPingpong; named barriers 4 + wg, 256 threads): a warpgroup

@@ -49,35 +49,31 @@ struct BwdMainloopWide {
   // acc(64 keys x 32 queries) = A B^T over the head dim: A = K or V (all 64 rows),
   // B = Q or dO rows 32 wg .. 32 wg + 31; both K-major chunked tiles.
   __device__ __forceinline__ static void issue_abT(float (&acc)[kSRegs], uint32_t a_tile, uint32_t b_tile, int wg) {
+    const hptx::TileDesc a(a_tile, 16, 1024), b(b_tile + wg * kQCols * 128, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t chunk = kk / 4, off = (kk % 4) * 32;
-      const uint64_t da = hptx::make_desc_sw128(a_tile + chunk * kChunkBytes + off, 16, 1024);
-      const uint64_t db = hptx::make_desc_sw128(b_tile + chunk * kChunkBytes + wg * kQCols * 128 + off, 16, 1024);
-      hptx::wgmma_ss<Elem, kQCols, 0>(acc, da, db, kk > 0 ? 1 : 0);
+      hptx::wgmma_ss<Elem, kQCols, 0>(acc, a.at(chunk * kChunkBytes + off), b.at(chunk * kChunkBytes + off),
+                                      kk > 0 ? 1 : 0);
     }
   }
 
   // acc(64 keys x kHalf) += A B: A = P^T or dS^T ([keys][queries] tile, K-major),
   // B = dO or Q, head-dim columns of half wg (MN-major).
   __device__ __forceinline__ static void issue_kv(float (&acc)[kAccRegs], uint32_t a_tile, uint32_t b_tile, int wg) {
+    const hptx::TileDesc a(a_tile, 16, 1024), b(b_tile + 2 * wg * kChunkBytes, kChunkBytes, 1024);
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const uint64_t da = hptx::make_desc_sw128(a_tile + kk * 32, 16, 1024);
-      const uint64_t db = hptx::make_desc_sw128(b_tile + 2 * wg * kChunkBytes + kk * 16 * 128, kChunkBytes, 1024);
-      hptx::wgmma_ss_t<Elem, kHalf, 0, 1>(acc, da, db, 1);
-    }
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      hptx::wgmma_ss_t<Elem, kHalf, 0, 1>(acc, a.at(kk * 32), b.at(kk * 16 * 128), 1);
   }
 
   // dq(64 queries x kHalf) = dS K: A = dS^T tile read MN-major, B = K (MN-major), head-dim
   // columns of half wg.
   __device__ __forceinline__ static void issue_dq(float (&dq)[kAccRegs], uint32_t ds_tile, uint32_t k_tile, int wg) {
+    const hptx::TileDesc a(ds_tile, kBlockN * 128, 1024), b(k_tile + 2 * wg * kChunkBytes, kChunkBytes, 1024);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t da = hptx::make_desc_sw128(ds_tile + kk * 16 * 128, kBlockN * 128, 1024);
-      const uint64_t db = hptx::make_desc_sw128(k_tile + 2 * wg * kChunkBytes + kk * 16 * 128, kChunkBytes, 1024);
-      hptx::wgmma_ss_t<Elem, kHalf, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
-    }
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      hptx::wgmma_ss_t<Elem, kHalf, 1, 1>(dq, a.at(kk * 16 * 128), b.at(kk * 16 * 128), kk > 0 ? 1 : 0);
   }
 
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).

@@ -74,22 +74,22 @@ struct FwdMainloop {
 
   // S = Q(64 rows at q_rows) K(tile at k_tile)^T; issues kHeadDim/16 wgmma, no commit.
   __device__ __forceinline__ static void issue_qk(float (&s)[kSRegs], uint32_t q_rows, uint32_t k_tile) {
+    const hptx::TileDesc a(q_rows, 16, 1024), b(k_tile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t col = (kk / 4), off = (kk % 4) * 32;
-      const uint64_t da = hptx::make_desc_sw128(q_rows + col * kBlockM * 128 + off, 16, 1024);
-      const uint64_t db = hptx::make_desc_sw128(k_tile + col * kBlockN * 128 + off, 16, 1024);
-      hptx::wgmma_ss<Elem, kBlockN, 0>(s, da, db, kk > 0 ? 1 : 0);
+      hptx::wgmma_ss<Elem, kBlockN, 0>(s, a.at(col * kBlockM * 128 + off), b.at(col * kBlockN * 128 + off),
+                                       kk > 0 ? 1 : 0);
     }
   }
 
   // O += P V(tile at v_tile); issues kBlockN/16 wgmma, no commit.
   __device__ __forceinline__ static void issue_pv(float (&o)[kORegs], const uint32_t (&p)[kPRegs], uint32_t v_tile) {
+    const hptx::TileDesc b(v_tile, kBlockN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t db = hptx::make_desc_sw128(v_tile + kk * 16 * 128, kBlockN * 128, 1024);
       const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-      hptx::wgmma_rs<Elem, kHeadDim, 1>(o, a, db, 1);
+      hptx::wgmma_rs<Elem, kHeadDim, 1>(o, a, b.at(kk * 16 * 128), 1);
     }
   }
 
