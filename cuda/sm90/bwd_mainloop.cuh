@@ -317,12 +317,12 @@ struct BwdMainloop {
   }
 
   // P^T = exp2(S^T scale log2e - lse) in place, for an accumulator of 64 keys (this
-  // thread's rows key0, key0 + 8) x kCols query columns from q0; with kMask, keys >= S
-  // and (causal) keys > query are zeroed.
+  // thread's rows key0, key0 + 8) x kCols query columns from q0; with kMask and
+  // need_mask, keys >= S and (causal) keys > query are zeroed.
   // lse: load_col_stats of lse_log2.
   template <bool kCausal, bool kMask, int kCols>
   __device__ __forceinline__ static void probs_tile(float (&s)[kCols / 2], const float2 (&lse)[kCols / 8], int q0,
-                                                    int key0, int S, float sl2, int t) {
+                                                    int key0, int S, float sl2, bool need_mask, int t) {
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
@@ -335,7 +335,7 @@ struct BwdMainloop {
           x = ptx::exp2_approx(fmaf(x, sl2, -l));
           if constexpr (kMask) {
             const int key = key0 + 8 * h;
-            if (key >= S || (kCausal && key > q)) x = 0.f;
+            if (need_mask && (key >= S || (kCausal && key > q))) x = 0.f;
           }
         }
       }
@@ -350,24 +350,9 @@ struct BwdMainloop {
   template <bool kCausal, int kCols>
   __device__ __forceinline__ static void probs(float (&s)[kCols / 2], const float2 (&lse)[kCols / 8], int q0, int key0,
                                                int S, float sl2, bool need_mask, int t) {
-    if constexpr (kCausal) {
-      if (need_mask) probs_tile<true, true, kCols>(s, lse, q0, key0, S, sl2, t);
-      else probs_tile<true, false, kCols>(s, lse, q0, key0, S, sl2, t);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kCols / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float l = e == 0 ? lse[j].x : lse[j].y;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float& x = s[4 * j + 2 * h + e];
-            x = ptx::exp2_approx(fmaf(x, sl2, -l));
-            if (need_mask && key0 + 8 * h >= S) x = 0.f;
-          }
-        }
-      }
-    }
+    if (!kCausal) probs_tile<false, true, kCols>(s, lse, q0, key0, S, sl2, need_mask, t);
+    else if (need_mask) probs_tile<kCausal, true, kCols>(s, lse, q0, key0, S, sl2, true, t);
+    else probs_tile<kCausal, false, kCols>(s, lse, q0, key0, S, sl2, false, t);
   }
 
   // dS^T = P^T (dP^T - D) in place of dP^T (dps: load_col_stats of D).
