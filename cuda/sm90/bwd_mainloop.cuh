@@ -293,6 +293,16 @@ struct BwdMainloop {
   // A = S^T, dP^T; B = dQ, dK). A sub-partition's tensor core
   // runs wgmmas in issue order, so one warpgroup's P / dS phase overlaps the other's
   // burst instead of both idling the tensor cores at once.
+  // Measurement switch JAXATTN_EXP_BWD_TURN_A_ONLY (session 9, not yet run): turns
+  // only for burst A (the dS^T barrier already lines both warpgroups up before B). In
+  // the session-9 profile the two turn waits were ~20% of the consumers' stall samples,
+  // with the tensor pipe ~40% busy: each warpgroup's own instruction stream, not the
+  // tensor cores, sets the step time.
+#ifdef JAXATTN_EXP_BWD_TURN_A_ONLY
+  static constexpr bool kTurnB = false;
+#else
+  static constexpr bool kTurnB = true;
+#endif
   __device__ __forceinline__ static void take_turn(int wg) {
     if constexpr (Tr::kPingpong) hptx::named_bar_sync(4 + wg, 256);
   }
@@ -429,7 +439,7 @@ struct BwdMainloop {
         if constexpr (kKvRegs) issue_abT_rs(dp, v_frag, do_tile);
         else issue_abT(dp, v_rows, kBlockN * 128, do_tile);
         hptx::wgmma_commit();
-        pass_turn(wg);
+        pass_turn(wg, !kTurnB && wg == 1 && last_step);
         const int next_m = next_step_block(tile, args.group, hg, m);
         mask.load_ids(next_m < 0 ? -1 : next_m * kBlockM, t);
         // The step's lse / D columns (shared loads): at head dim 64 in flight while S^T
@@ -467,13 +477,13 @@ struct BwdMainloop {
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(1, 256);
 
-        take_turn(wg);
+        if constexpr (kTurnB) take_turn(wg);
         hptx::wgmma_fence();
         issue_dq(dq, sm.ds(ds_buf), sm.k(), wg);
         hptx::wgmma_commit();
         issue_acc_rs(dk, ds, q_tile);
         hptx::wgmma_commit();
-        pass_turn(wg, wg == 1 && last_step);
+        if constexpr (kTurnB) pass_turn(wg, wg == 1 && last_step);
 
         // dQ: staged once its wgmma (and dV's) are done, while dK's runs.
         hptx::wgmma_wait<1>();
