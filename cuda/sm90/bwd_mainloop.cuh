@@ -3,7 +3,7 @@
 //
 // Per query block (step), in each consumer warpgroup:
 //   1. S^T and dP^T issued back to back (two commit groups); the per-query lse and
-//      D values are read meanwhile from the stage's stats tile (load_stats).
+//      D values are read meanwhile from the stage's stats tile (written by produce).
 //   2. P^T = exp2(S^T scale log2e - lse log2e) as soon as S^T lands (masked only on
 //      boundary / diagonal blocks); dS^T = P^T (dP^T - D) when dP^T lands.
 //   3. dV += P^T dO issued at once (A from registers); dS^T written to smem; one
@@ -120,10 +120,6 @@ struct BwdMainloop {
   static constexpr bool kLateDqFence = false;
 #endif
 
-  // Visits the steps of a tile in order: (query head of the group, query block).
-  struct StepIter {
-    int head_in_group = 0, m_block = 0;
-  };
   // The query block of the step after (hg, m), or -1 after the last one.
   __device__ __forceinline__ static int next_step_block(const BwdTile& tile, int group, int hg, int m) {
     return m + 1 < tile.m_end ? m + 1 : (hg + 1 < group ? tile.m_begin : -1);
