@@ -52,23 +52,25 @@ __device__ __forceinline__ uint64_t make_desc_sw128(uint32_t addr, uint32_t lbo_
   return d;
 }
 
-// Descriptors of one tile at byte offsets inside it. By default each is built from its
-// address (make_desc_sw128); measurement switch JAXATTN_EXP_DESC_ADD (session 9, not yet
-// run): from the tile's descriptor with one 32-bit add, since the start-address field
-// ((addr & 0x3FFFF) >> 4, 14 bits) never carries for offsets inside shared memory. The
-// backward's profile showed ~5 dependent uniform instructions before every HGMMA.
+// Descriptors of one tile at byte offsets inside it. kAdd = false: each is built from
+// its address (make_desc_sw128: ~5 dependent uniform instructions before every HGMMA);
+// kAdd = true: the tile's descriptor plus (offset >> 4) in the low word, one 32-bit add
+// (the start-address field, (addr & 0x3FFFF) >> 4 in 14 bits, never carries for offsets
+// inside shared memory). Which kernels take which is a measured choice
+// (FwdTraits::desc_add, BwdTraits::desc_add): neither wins everywhere on the H200.
+template <bool kAdd>
 struct TileDesc {
   uint32_t addr, lbo, sbo;
   uint64_t desc;
   __device__ __forceinline__ TileDesc(uint32_t a, uint32_t lbo_bytes, uint32_t sbo_bytes)
       : addr(a), lbo(lbo_bytes), sbo(sbo_bytes), desc(make_desc_sw128(a, lbo_bytes, sbo_bytes)) {}
   __device__ __forceinline__ uint64_t at(uint32_t byte_offset) const {
-#ifdef JAXATTN_EXP_DESC_ADD
-    const uint32_t lo = static_cast<uint32_t>(desc) + (byte_offset >> 4);
-    return (desc & 0xFFFFFFFF00000000ull) | lo;
-#else
-    return make_desc_sw128(addr + byte_offset, lbo, sbo);
-#endif
+    if constexpr (kAdd) {
+      const uint32_t lo = static_cast<uint32_t>(desc) + (byte_offset >> 4);
+      return (desc & 0xFFFFFFFF00000000ull) | lo;
+    } else {
+      return make_desc_sw128(addr + byte_offset, lbo, sbo);
+    }
   }
 };
 

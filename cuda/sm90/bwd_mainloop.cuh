@@ -110,15 +110,6 @@ struct BwdMainloop {
   static constexpr int kAccRegs = Tr::kAccRegs;  // dK / dV accumulator floats (64 keys x H)
   static constexpr int kDqRegs = Tr::kDqCols / 2;
   using Pipe = PipeState<Tr::kStages>;
-  // Measurement switch (session 9, not yet run): the proxy fence and hand-off of the dQ
-  // staging after dK's wgmma wait instead of right after the stores (in the session-9
-  // profile the fence was ~6% of the consumers' stall samples at H=64, waiting for
-  // its own stores).
-#ifdef JAXATTN_EXP_BWD_LATE_DQ_FENCE  // (dQ-warp path, head dim 64: at 128 the masked kernels spilled)
-  static constexpr bool kLateDqFence = Tr::kDqWarp;
-#else
-  static constexpr bool kLateDqFence = false;
-#endif
 
   // The query block of the step after (hg, m), or -1 after the last one.
   __device__ __forceinline__ static int next_step_block(const BwdTile& tile, int group, int hg, int m) {
@@ -237,9 +228,10 @@ struct BwdMainloop {
 
   // acc(64 rows of `a_rows`, kBlockM cols) = A B^T over the head dim, both K-major tiles
   // ([kChunks][rows][64]): S^T = K Q^T, dP^T = V dO^T.
+  template <bool kAdd>
   __device__ __forceinline__ static void issue_abT(float (&acc)[kSRegs], uint32_t a_rows, uint32_t a_chunk,
                                                    uint32_t b_tile) {
-    const hptx::TileDesc a(a_rows, 16, 1024), b(b_tile, 16, 1024);
+    const hptx::TileDesc<kAdd> a(a_rows, 16, 1024), b(b_tile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t col = kk / 4, off = (kk % 4) * 32;
@@ -249,9 +241,10 @@ struct BwdMainloop {
 
   // As issue_abT with A (this warpgroup's 64 K or V rows) from registers
   // (load_a_frags_sw128): only B is read from shared memory.
+  template <bool kAdd>
   __device__ __forceinline__ static void issue_abT_rs(float (&acc)[kSRegs], const uint32_t (&a)[kHeadDim / 4],
                                                       uint32_t b_tile) {
-    const hptx::TileDesc b(b_tile, 16, 1024);
+    const hptx::TileDesc<kAdd> b(b_tile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t col = kk / 4, off = (kk % 4) * 32;
@@ -261,9 +254,10 @@ struct BwdMainloop {
   }
 
   // acc(64 keys x H) += A(64 keys x kBlockM, registers) B(kBlockM x H: the Q or dO tile, MN-major).
+  template <bool kAdd>
   __device__ __forceinline__ static void issue_acc_rs(float (&acc)[kAccRegs], const uint32_t (&a)[kPRegs],
                                                       uint32_t b_tile) {
-    const hptx::TileDesc b(b_tile, kBlockM * 128, 1024);
+    const hptx::TileDesc<kAdd> b(b_tile, kBlockM * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
       const uint32_t f[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
@@ -273,10 +267,11 @@ struct BwdMainloop {
 
   // This warpgroup's dQ tile (kBlockM x kDqCols: columns from wg * kDqCols) over all
   // 128 keys. A = dS^T [keys][kBlockM] in smem (MN-major), B = K (MN-major).
+  template <bool kAdd>
   __device__ __forceinline__ static void issue_dq(float (&dq)[kDqRegs], uint32_t ds_tile, uint32_t k_tile, int wg) {
     const int col0 = wg * Tr::kDqCols;
     const uint32_t b_base = k_tile + (col0 / 64) * kBlockN * 128 + (col0 % 64) * 2;
-    const hptx::TileDesc a(ds_tile, kBlockN * 128, 1024), b(b_base, kBlockN * 128, 1024);
+    const hptx::TileDesc<kAdd> a(ds_tile, kBlockN * 128, 1024), b(b_base, kBlockN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
       hptx::wgmma_ss_t<Elem, Tr::kDqCols, 1, 1>(dq, a.at(kk * 16 * 128), b.at(kk * 16 * 128), kk > 0 ? 1 : 0);
@@ -288,16 +283,8 @@ struct BwdMainloop {
   // A = S^T, dP^T; B = dQ, dK). A sub-partition's tensor core
   // runs wgmmas in issue order, so one warpgroup's P / dS phase overlaps the other's
   // burst instead of both idling the tensor cores at once.
-  // Measurement switch JAXATTN_EXP_BWD_TURN_A_ONLY (session 9, not yet run): turns
-  // only for burst A (the dS^T barrier already lines both warpgroups up before B). In
-  // the session-9 profile the two turn waits were ~20% of the consumers' stall samples,
-  // with the tensor pipe ~40% busy: each warpgroup's own instruction stream, not the
-  // tensor cores, sets the step time.
-#ifdef JAXATTN_EXP_BWD_TURN_A_ONLY
-  static constexpr bool kTurnB = false;
-#else
-  static constexpr bool kTurnB = true;
-#endif
+  // (Turns for burst A only, the dS^T barrier lining the warpgroups up before B,
+  // measured -5 to -6% at H=64 non-causal and neutral elsewhere: session 10.)
   __device__ __forceinline__ static void take_turn(int wg) {
     if constexpr (Tr::kPingpong) hptx::named_bar_sync(4 + wg, 256);
   }
@@ -387,6 +374,7 @@ struct BwdMainloop {
                                  int tid, const MaskView* mask_view = nullptr) {
     static_assert(kBlockM == 64, "one lane pair per two query columns");
     static_assert(!(kCausal && kMasked), "masked kernels take causal from the MaskView");
+    constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int key_wg0 = tile.n_block * kBlockN + wg * 64;  // first key of this warpgroup
     const int key0 = key_wg0 + warp * 16 + g;               // this thread's h = 0 key row
@@ -428,13 +416,13 @@ struct BwdMainloop {
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
         take_turn(wg);
         hptx::wgmma_fence();
-        if constexpr (kKvRegs) issue_abT_rs(s, k_frag, q_tile);
-        else issue_abT(s, k_rows, kBlockN * 128, q_tile);
+        if constexpr (kKvRegs) issue_abT_rs<kAdd>(s, k_frag, q_tile);
+        else issue_abT<kAdd>(s, k_rows, kBlockN * 128, q_tile);
         hptx::wgmma_commit();
-        if constexpr (kKvRegs) issue_abT_rs(dp, v_frag, do_tile);
-        else issue_abT(dp, v_rows, kBlockN * 128, do_tile);
+        if constexpr (kKvRegs) issue_abT_rs<kAdd>(dp, v_frag, do_tile);
+        else issue_abT<kAdd>(dp, v_rows, kBlockN * 128, do_tile);
         hptx::wgmma_commit();
-        pass_turn(wg, !kTurnB && wg == 1 && last_step);
+        pass_turn(wg);
         const int next_m = next_step_block(tile, args.group, hg, m);
         mask.load_ids(next_m < 0 ? -1 : next_m * kBlockM, t);
         // The step's lse / D columns (shared loads): at head dim 64 in flight while S^T
@@ -466,19 +454,19 @@ struct BwdMainloop {
 
         // dV += P^T dO now; dS^T to smem for dQ (both warpgroups' halves: one barrier).
         hptx::wgmma_fence();
-        issue_acc_rs(dv, p, do_tile);
+        issue_acc_rs<kAdd>(dv, p, do_tile);
         hptx::wgmma_commit();
         store_packed_sw128<kBlockM>(ds, sm.ds(ds_buf) + wg * 64 * 128, 0, warp * 16 + g, t);
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(1, 256);
 
-        if constexpr (kTurnB) take_turn(wg);
+        take_turn(wg);
         hptx::wgmma_fence();
-        issue_dq(dq, sm.ds(ds_buf), sm.k(), wg);
+        issue_dq<kAdd>(dq, sm.ds(ds_buf), sm.k(), wg);
         hptx::wgmma_commit();
-        issue_acc_rs(dk, ds, q_tile);
+        issue_acc_rs<kAdd>(dk, ds, q_tile);
         hptx::wgmma_commit();
-        if constexpr (kTurnB) pass_turn(wg, wg == 1 && last_step);
+        pass_turn(wg, wg == 1 && last_step);
 
         // dQ: staged once its wgmma (and dV's) are done, while dK's runs.
         hptx::wgmma_wait<1>();
@@ -489,10 +477,8 @@ struct BwdMainloop {
           // The dQ warp has read the previous step's staging; write, publish, go on.
           hptx::mbar_wait(sm.bar_dq_empty(wg), (uint32_t)(step & 1) ^ 1u);
           store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
-          if constexpr (!kLateDqFence) {
-            hptx::fence_proxy_async_smem();
-            hptx::mbar_arrive(sm.bar_dq_full(wg));
-          }
+          hptx::fence_proxy_async_smem();
+          hptx::mbar_arrive(sm.bar_dq_full(wg));
         } else {
           if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
           hptx::named_bar_sync(2 + wg, 128);
@@ -506,12 +492,6 @@ struct BwdMainloop {
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
         hptx::reg_fence_array(ds);  // dK's A operand
-        if constexpr (kLateDqFence) {
-          // The staging stores drained while dK's wgmma finished: the proxy fence has
-          // little left to wait for here.
-          hptx::fence_proxy_async_smem();
-          hptx::mbar_arrive(sm.bar_dq_full(wg));
-        }
         release(sm.bar_q_empty(pipe.stage), lane);
         pipe.advance();
         ds_buf ^= 1;

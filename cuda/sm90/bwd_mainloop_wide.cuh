@@ -48,8 +48,9 @@ struct BwdMainloopWide {
 
   // acc(64 keys x 32 queries) = A B^T over the head dim: A = K or V (all 64 rows),
   // B = Q or dO rows 32 wg .. 32 wg + 31; both K-major chunked tiles.
+  template <bool kAdd>
   __device__ __forceinline__ static void issue_abT(float (&acc)[kSRegs], uint32_t a_tile, uint32_t b_tile, int wg) {
-    const hptx::TileDesc a(a_tile, 16, 1024), b(b_tile + wg * kQCols * 128, 16, 1024);
+    const hptx::TileDesc<kAdd> a(a_tile, 16, 1024), b(b_tile + wg * kQCols * 128, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t chunk = kk / 4, off = (kk % 4) * 32;
@@ -60,8 +61,9 @@ struct BwdMainloopWide {
 
   // acc(64 keys x kHalf) += A B: A = P^T or dS^T ([keys][queries] tile, K-major),
   // B = dO or Q, head-dim columns of half wg (MN-major).
+  template <bool kAdd>
   __device__ __forceinline__ static void issue_kv(float (&acc)[kAccRegs], uint32_t a_tile, uint32_t b_tile, int wg) {
-    const hptx::TileDesc a(a_tile, 16, 1024), b(b_tile + 2 * wg * kChunkBytes, kChunkBytes, 1024);
+    const hptx::TileDesc<kAdd> a(a_tile, 16, 1024), b(b_tile + 2 * wg * kChunkBytes, kChunkBytes, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
       hptx::wgmma_ss_t<Elem, kHalf, 0, 1>(acc, a.at(kk * 32), b.at(kk * 16 * 128), 1);
@@ -69,8 +71,9 @@ struct BwdMainloopWide {
 
   // dq(64 queries x kHalf) = dS K: A = dS^T tile read MN-major, B = K (MN-major), head-dim
   // columns of half wg.
+  template <bool kAdd>
   __device__ __forceinline__ static void issue_dq(float (&dq)[kAccRegs], uint32_t ds_tile, uint32_t k_tile, int wg) {
-    const hptx::TileDesc a(ds_tile, kBlockN * 128, 1024), b(k_tile + 2 * wg * kChunkBytes, kChunkBytes, 1024);
+    const hptx::TileDesc<kAdd> a(ds_tile, kBlockN * 128, 1024), b(k_tile + 2 * wg * kChunkBytes, kChunkBytes, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
       hptx::wgmma_ss_t<Elem, kHalf, 1, 1>(dq, a.at(kk * 16 * 128), b.at(kk * 16 * 128), kk > 0 ? 1 : 0);
@@ -83,6 +86,7 @@ struct BwdMainloopWide {
                                  const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args, int wg,
                                  int tid, const MaskView* mask_view = nullptr) {
     static_assert(!(kCausal && kMasked), "masked kernels take causal from the MaskView");
+    constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int key_cta0 = tile.n_block * kBlockN;  // first key of this CTA
     const int key0 = key_cta0 + warp * 16 + g;    // this thread's h = 0 key row
@@ -108,9 +112,9 @@ struct BwdMainloopWide {
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
         hptx::wgmma_fence();
-        issue_abT(s, sm.k(), q_tile, wg);
+        issue_abT<kAdd>(s, sm.k(), q_tile, wg);
         hptx::wgmma_commit();
-        issue_abT(dp, sm.v(), do_tile, wg);
+        issue_abT<kAdd>(dp, sm.v(), do_tile, wg);
         hptx::wgmma_commit();
         const int next_m = Base::next_step_block(tile, args.group, hg, m);
         mask.load_ids(next_m < 0 ? -1 : next_m * kBlockM + wg * kQCols, t);
@@ -121,24 +125,18 @@ struct BwdMainloopWide {
           hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
         }
 
-        // This warpgroup's lse / D columns from the stage's stats tile (measurement
-        // switch, session 9, not yet run: both after the S^T wait, as at head dim 128;
-        // loading both before it cost 2-3% non-causal here).
+        // This warpgroup's lse / D columns from the stage's stats tile, in flight while
+        // S^T finishes (loading them after the S^T wait, as at head dim 128, measured
+        // -0.3 to -1% non-causal and -6 to -7% causal: session 10).
         float2 lse_c[kQCols / 8], dps_c[kQCols / 8];
         const uint32_t stats = sm.stats(pipe.stage) + 4 * wg * kQCols;
-#ifndef JAXATTN_EXP_BWD_WIDE_LATE_STATS
         Base::template load_col_stats<kQCols>(lse_c, stats, t);
         Base::template load_col_stats<kQCols>(dps_c, stats + kBlockM * 4, t);
-#endif
 
         // P^T, then dS^T, into this warpgroup's columns of the shared tiles.
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(s);
         mask.apply(s, args.attn, key_cta0, key0, q0, t);
-#ifdef JAXATTN_EXP_BWD_WIDE_LATE_STATS
-        Base::template load_col_stats<kQCols>(lse_c, stats, t);
-        Base::template load_col_stats<kQCols>(dps_c, stats + kBlockM * 4, t);
-#endif
         const bool need_mask = !kMasked && (key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q0));
         Base::template probs<kCausal, kQCols>(s, lse_c, q0, key0, S, sl2, need_mask, t);
 #pragma unroll
@@ -156,10 +154,10 @@ struct BwdMainloopWide {
         hptx::named_bar_sync(1, 256);  // both warpgroups' P^T / dS^T columns are in
 
         hptx::wgmma_fence();
-        issue_kv(dv, sm.pt(buf), do_tile, wg);
-        issue_kv(dk, sm.ds(buf), q_tile, wg);
+        issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
+        issue_kv<kAdd>(dk, sm.ds(buf), q_tile, wg);
         hptx::wgmma_commit();
-        issue_dq(dq, sm.ds(buf), sm.k(), wg);
+        issue_dq<kAdd>(dq, sm.ds(buf), sm.k(), wg);
         hptx::wgmma_commit();
 
         // dV / dK done here and (barrier) in the other warpgroup: Q / dO are free.

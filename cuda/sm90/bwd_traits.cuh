@@ -122,6 +122,17 @@ struct BwdTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqWgBytes % 1024 == 0, "1024-aligned tiles");
   static_assert(kBlockM == 64, "a dS^T / P^T tile is one 64-column chunk");
+
+  // wgmma descriptors by addition (hptx::TileDesc<true>) or rebuilt from each address:
+  // chosen by measurement (H200, session 10 run 1, standalone). By addition won
+  // non-causal at H=128 (+1 / +4 / +3% at T = 1K / 4K / 16K) and H=256 (+1.5-2.5%); it
+  // lost at H=64 non-causal (-3%) and H=256 causal (-4 to -11%), and was within 2%
+  // either way at causal H=64 / 128. The masked kernels keep the rebuilt descriptors
+  // (with addition the masked H=128 kernel spilled 8 bytes).
+  template <bool kCausal, bool kMasked>
+  static constexpr bool desc_add() {
+    return !kMasked && !kCausal && kHeadDim >= 128;
+  }
 };
 
 // Device-side arguments other than the tensor maps.

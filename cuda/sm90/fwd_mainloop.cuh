@@ -73,8 +73,9 @@ struct FwdMainloop {
   // ---- consumer pieces (one warpgroup) ---------------------------------------
 
   // S = Q(64 rows at q_rows) K(tile at k_tile)^T; issues kHeadDim/16 wgmma, no commit.
+  template <bool kAdd>
   __device__ __forceinline__ static void issue_qk(float (&s)[kSRegs], uint32_t q_rows, uint32_t k_tile) {
-    const hptx::TileDesc a(q_rows, 16, 1024), b(k_tile, 16, 1024);
+    const hptx::TileDesc<kAdd> a(q_rows, 16, 1024), b(k_tile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t col = (kk / 4), off = (kk % 4) * 32;
@@ -84,8 +85,9 @@ struct FwdMainloop {
   }
 
   // O += P V(tile at v_tile); issues kBlockN/16 wgmma, no commit.
+  template <bool kAdd>
   __device__ __forceinline__ static void issue_pv(float (&o)[kORegs], const uint32_t (&p)[kPRegs], uint32_t v_tile) {
-    const hptx::TileDesc b(v_tile, kBlockN * 128, 1024);
+    const hptx::TileDesc<kAdd> b(v_tile, kBlockN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
@@ -136,6 +138,7 @@ struct FwdMainloop {
   __device__ static void consume(float (&o)[kORegs], OnlineSoftmax<kBlockN>& softmax, const FwdSmem<Tr>& sm,
                                  const FwdTile& tile, const FwdArgs& args, int wg, int tid, Pipe& pipe,
                                  uint32_t q_phase, const MaskView* mask_view = nullptr) {
+    constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int wg_row0 = tile.m_block * kBlockM + wg * 64;  // first query row of this warpgroup
     const int row0 = wg_row0 + warp * 16 + g;               // this thread's h = 0 row
@@ -197,7 +200,7 @@ struct FwdMainloop {
         hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
         turn_begin<kPingpong>(wg);
         hptx::wgmma_fence();
-        issue_qk(s, q_rows, sm.k(pipe.stage));
+        issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage));
         hptx::wgmma_commit();
         turn_end<kPingpong>(wg);
         load_ids(n);
@@ -212,7 +215,7 @@ struct FwdMainloop {
         hptx::mbar_wait(sm.bar_v_full(pipe.stage), pipe.phase);
         turn_begin<kPingpong>(wg);
         hptx::wgmma_fence();
-        issue_pv(o, p, sm.v(pipe.stage));
+        issue_pv<kAdd>(o, p, sm.v(pipe.stage));
         hptx::wgmma_commit();
         turn_end<kPingpong>(wg);
         hptx::wgmma_wait<0>();
@@ -225,7 +228,7 @@ struct FwdMainloop {
       hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
       turn_begin<kPingpong>(wg);
       hptx::wgmma_fence();
-      issue_qk(s, q_rows, sm.k(pipe.stage));
+      issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage));
       hptx::wgmma_commit();
       turn_end<kPingpong>(wg);
       load_ids(tile.n_begin);
@@ -242,11 +245,11 @@ struct FwdMainloop {
         hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
         turn_begin<kPingpong>(wg);
         hptx::wgmma_fence();
-        issue_qk(s, q_rows, sm.k(pipe.stage));
+        issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage));
         hptx::wgmma_commit();
         hptx::mbar_wait(sm.bar_v_full(prev.stage), prev.phase);
         hptx::wgmma_fence();
-        issue_pv(o, p, sm.v(prev.stage));
+        issue_pv<kAdd>(o, p, sm.v(prev.stage));
         hptx::wgmma_commit();
         turn_end<kPingpong>(wg);
         load_ids(n);
@@ -268,7 +271,7 @@ struct FwdMainloop {
       hptx::mbar_wait(sm.bar_v_full(prev.stage), prev.phase);
       turn_begin<kPingpong>(wg);
       hptx::wgmma_fence();
-      issue_pv(o, p, sm.v(prev.stage));
+      issue_pv<kAdd>(o, p, sm.v(prev.stage));
       hptx::wgmma_commit();
       turn_end<kPingpong>(wg);
       hptx::wgmma_wait<0>();

@@ -61,6 +61,17 @@ struct FwdTraits {
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "1024-aligned tiles");
+
+  // wgmma descriptors by addition (hptx::TileDesc<true>) or rebuilt from each address:
+  // chosen by measurement (H200, session 10 run 1, standalone, every schedule). By
+  // addition won at H=64 causal (+2 / +3 / +6% at T = 1K / 4K / 16K) and H=128
+  // non-causal (+3 / +1.5 / +1.5%); it lost at H=128 causal 4K / 16K (-1 / -2%) and at
+  // H=256 (-5 to -8% on the persistent grid); H=64 non-causal was neutral. The masked
+  // kernels were not measured with it and keep the rebuilt descriptors.
+  template <bool kCausal, bool kMasked>
+  static constexpr bool desc_add() {
+    return !kMasked && ((kHeadDim == 64 && kCausal) || (kHeadDim == 128 && !kCausal));
+  }
 };
 
 // Device-side arguments other than the tensor maps.
