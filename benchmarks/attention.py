@@ -14,9 +14,11 @@ FLOPs: fwd = 4*B*N*T*S*H (two matmuls), halved when causal; fwd+bwd counts
 Timing: each function is jitted and compiled ahead of time (compile time is
 recorded separately), run `--warmup` times untimed (the first run's output
 is kept for the cross-check), then `--reps` timed runs, each ending with
-block_until_ready; the median is reported. The host dispatch + sync cost
-(measured once on a trivial jitted function, `dispatch_overhead_us` in the
-JSON) is included in every sample: it matters only for the smallest rows.
+block_until_ready; the median is reported. A sample is 3-40 back-to-back
+calls (~20 ms; one call when a call takes >= 50 ms) and one sync, so host
+dispatch overlaps device work as in a training loop; the sync's cost (and the dispatch cost, measured once on a
+trivial jitted function, `dispatch_overhead_us` in the JSON) matters only
+for the smallest rows.
 Inputs rotate over 3 sets when one set (q, k, v[, dout]) is smaller than
 `--rotate-below-mib` (default 128 MiB, about 2x an H200's L2), so that no
 timed run finds its inputs in a warm L2. At the default GPU sizes a single
@@ -369,11 +371,13 @@ def prepare(jax, fn, arg_sets, warmup: int) -> tuple[dict, object]:
             jax.block_until_ready(compiled(*arg_sets[i % n]))
         # Each sample times `inner` back-to-back calls and one final sync, so
         # host dispatch overlaps device work as in a training loop; `inner`
-        # makes a sample last ~5 ms (small shapes are otherwise launch-bound).
+        # makes a sample last ~20 ms and is at least 3 below 50 ms a call
+        # (with one call per sample, the ~80 us of dispatch and wake-up were
+        # 3% of a 3 ms row; CPU rows of seconds keep one call).
         t = time.perf_counter()
         jax.block_until_ready(compiled(*arg_sets[0]))
         one = max(time.perf_counter() - t, 1e-6)
-        inner = int(min(20, max(1, round(5e-3 / one))))
+        inner = int(min(40, max(3 if one < 0.05 else 1, round(20e-3 / one))))
     except Exception as e:  # noqa: BLE001
         e.phase = phase  # type: ignore[attr-defined]
         raise
