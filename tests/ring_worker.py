@@ -216,30 +216,61 @@ def check_memory_flat_in_devices():
     return f"temp bytes per device {temps}"
 
 
+def _sub_jaxprs(eqn):
+    """The jaxprs nested in an equation's parameters (loop bodies, cond branches, calls)."""
+    for value in eqn.params.values():
+        for x in value if isinstance(value, (tuple, list)) else (value,):
+            if hasattr(x, "jaxpr") and hasattr(x, "consts"):  # a ClosedJaxpr
+                yield x.jaxpr
+            elif hasattr(x, "eqns"):  # a Jaxpr
+                yield x
+
+
+def _holds(eqn, pred) -> bool:
+    """Whether eqn, or any equation nested in it, satisfies pred."""
+    return pred(eqn) or any(_holds(e, pred) for j in _sub_jaxprs(eqn) for e in j.eqns)
+
+
 def check_permute_before_kernel():
-    """In the lowered program (before XLA schedules it), each ring issues its
-    key/value ppermute before its first kernel call, in the top-level function
-    (step 0) and in the fori_loop bodies (steps 1..P-2): the transfer of the
-    next block does not wait for the current block's kernel."""
+    """Each ring issues its key/value ppermute before its first kernel call, at
+    step 0 and in the loop body of steps 1..P-2: the transfer of the next block
+    does not wait for the current block's kernel. Read from the jaxpr (the
+    program order the lowering keeps), where a kernel call is its ffi_call or a
+    cond choosing among kernel calls (no ppermute inside); the lowered text's
+    function structure differs between jax versions (jax 0.11 inlines the loop
+    bodies that 0.10 lowers as closed_call functions)."""
     setup = seq_setup(4, "zigzag")
     ring = setup.ring(is_causal=True, implementation="cpu")
     q = jax.ShapeDtypeStruct((1, 32, 2, 8), jnp.float32)
     grad = jax.grad(lambda q, k, v: jnp.sum(ring(q, k, v)[0]), argnums=(0, 1, 2))
-    text = jax.jit(grad).lower(q, q, q).as_text()
-    kernels = ("@jaxattn_cpu_fwd", "@jaxattn_cpu_bwd")
+    top = jax.make_jaxpr(grad)(q, q, q).jaxpr
+    kernels = ("jaxattn_cpu_fwd", "jaxattn_cpu_bwd")
+    is_permute = lambda e: e.primitive.name == "ppermute"  # noqa: E731
+
+    def call_site(eqn, kernel):
+        calls = lambda e: e.primitive.name == "ffi_call" and e.params.get("target_name") == kernel  # noqa: E731
+        return calls(eqn) or (eqn.primitive.name == "cond" and _holds(eqn, calls) and not _holds(eqn, is_permute))
+
     checked = []
-    for func in text.split("func.func")[1:]:
-        name = func.split("(", 1)[0].strip()
+
+    def visit(jaxpr, path):
+        eqns = jaxpr.eqns
         for kernel, other in (kernels, kernels[::-1]):
-            first = func.find(kernel)
-            if first < 0:
+            sites = [i for i, e in enumerate(eqns) if call_site(e, kernel)]
+            if not sites:
                 continue
-            # The ppermute of this ring: after the other ring's last kernel call before it.
-            permute = func.find("collective_permute", func.rfind(other, 0, first) + 1)
-            assert 0 <= permute < first, f"{name}: {kernel} before its ring's first ppermute"
-            checked.append(f"{name}:{kernel[9:]}")
+            first = sites[0]
+            prev = max([i for i, e in enumerate(eqns[:first]) if call_site(e, other)], default=-1)
+            assert any(is_permute(e) for e in eqns[prev + 1:first]), f"{path}: {kernel} before its ring's ppermute"
+            checked.append(f"{path}:{kernel[8:]}")
+        for e in eqns:
+            if not call_site(e, kernels[0]) and not call_site(e, kernels[1]):
+                for sub in _sub_jaxprs(e):
+                    visit(sub, f"{path}/{e.primitive.name}")
+
+    visit(top, "top")
     want = {"cpu_fwd", "cpu_bwd"}
-    loops = {c.split(":")[1] for c in checked if "closed_call" in c}
+    loops = {c.split(":")[1] for c in checked if c.split(":")[0].rsplit("/", 1)[-1] in ("scan", "while")}
     assert loops == want and len(checked) >= 4, f"checked only {checked}"
     return f"checked {checked}"
 

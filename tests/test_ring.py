@@ -184,8 +184,8 @@ def test_zigzag_helpers_reject_bad_lengths():
 
 # --- One device (an axis of size 1): the ring is one causal/full kernel call. ---
 
-def _one_device_ring(**kw):
-    mesh = Mesh(np.array(jax.devices()[:1]), ("seq",))
+def _one_device_ring(device=None, **kw):
+    mesh = Mesh(np.array([device] if device is not None else jax.devices()[:1]), ("seq",))
     fn = lambda q, k, v: jaxattn.ring_attention(q, k, v, axis_name="seq", return_residual=True, **kw)  # noqa: E731
     spec = P(None, "seq")
     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * 3, out_specs=(spec, spec)))
@@ -195,8 +195,11 @@ def _one_device_ring(**kw):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_single_device_ring(layout, is_causal):
     B, T, N, K, H = 2, 10, 4, 2, 16
-    q, k, v, dout = random_inputs((B, T, N, H), (B, T, K, H), jnp.float32, count=4)
-    ring = _one_device_ring(is_causal=is_causal, layout=layout, implementation="cpu")
+    # implementation="cpu" runs on a CPU device, also where the default backend is a GPU.
+    cpu = jax.devices("cpu")[0]
+    q, k, v, dout = (jax.device_put(x, cpu)
+                     for x in random_inputs((B, T, N, H), (B, T, K, H), jnp.float32, count=4))
+    ring = _one_device_ring(cpu, is_causal=is_causal, layout=layout, implementation="cpu")
     out, lse = ring(q, k, v)
     scale = 1 / np.sqrt(H)
     ref_out, ref_lse = reference64.forward(q, k, v, scale=scale, is_causal=is_causal)
