@@ -162,13 +162,36 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
 #endif
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Fire-and-forget f32 atomic add to four adjacent floats (16-byte aligned; sm_90+).
+// Fire-and-forget f32 atomic add to four adjacent floats (16-byte aligned): one
+// vector reduction on sm_90+, two 8-byte ones before.
 __device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
                : "memory");
-}
+#else
+  red_add_f32x2(addr, a, b);
+  red_add_f32x2(addr + 2, c, d);
 #endif
+}
+
+// One m16n8 f32 accumulator fragment of lane (g, t) (c0, c1: row g, columns 2t, 2t + 1;
+// c2, c3: row g + 8, same columns) added to global memory with one 16-byte reduction
+// per lane: lanes t and t ^ 1 swap halves, so an even lane adds row g, columns
+// 2t .. 2t + 3 and an odd one row g + 8, columns 2t - 2 .. 2t + 1. lo / hi: rows g and
+// g + 8 at the fragment's first column (16-byte aligned); add_lo / add_hi: whether
+// they are added. Every lane of the warp calls it (shuffles).
+__device__ __forceinline__ void red_add_frag_f32x4(float* lo, float* hi, bool add_lo, bool add_hi, int t, float c0,
+                                                   float c1, float c2, float c3) {
+  const bool odd = t & 1;
+  const float r0 = __shfl_xor_sync(0xffffffffu, odd ? c0 : c2, 1);
+  const float r1 = __shfl_xor_sync(0xffffffffu, odd ? c1 : c3, 1);
+  const int col = 2 * (t & 2);
+  if (odd) {
+    if (add_hi) red_add_f32x4(hi + col, r0, r1, c2, c3);
+  } else if (add_lo) {
+    red_add_f32x4(lo + col, c0, c1, r0, r1);
+  }
+}
 
 // Spins until the int32 counter at `addr` (global) reaches `target`; acquire at GPU scope,
 // so what the releasing threads wrote before their increment is visible after.

@@ -186,23 +186,18 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
       __syncthreads();
     }
 #if JAXATTN_BWD_DQ_V4 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // (Variant) 4 floats a reduction: lanes t and t^1 swap halves, so that an
-    // even lane holds row g, columns 2t .. 2t+3 and an odd one row g+8,
-    // columns 2t-2 .. 2t+1 (16-byte aligned: hd and the columns are multiples of 4).
-    const bool odd = t & 1;
+    // (Variant) 4 floats a reduction (ptx::red_add_frag_f32x4; 16-byte aligned: hd
+    // and the fragments' first columns are multiples of 8).
 #pragma unroll
     for (int i = 0; i < kDqM; ++i) {
-      const int row = m0 + dq_m + i * 16 + g + (odd ? 8 : 0);
-      float* dst_row = dq_accum + int64_t(row) * N * hd;
+      const int row = m0 + dq_m + i * 16 + g;
+      float* lo = dq_accum + int64_t(row) * N * hd;
+      float* hi = lo + int64_t(8) * N * hd;
 #pragma unroll
       for (int j = 0; j < kDq8; ++j) {
-        const float s0 = odd ? dq[i][j][0] : dq[i][j][2], s1 = odd ? dq[i][j][1] : dq[i][j][3];
-        const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-        const int col = dq_n + j * 8 + 2 * (t & 2);
-        if (row < T && col < hd) {
-          if (odd) ptx::red_add_f32x4(dst_row + col, r0, r1, dq[i][j][2], dq[i][j][3]);
-          else ptx::red_add_f32x4(dst_row + col, dq[i][j][0], dq[i][j][1], r0, r1);
-        }
+        const int col = dq_n + j * 8;
+        ptx::red_add_frag_f32x4(lo + col, hi + col, row < T && col < hd, row + 8 < T && col < hd, t, dq[i][j][0],
+                                dq[i][j][1], dq[i][j][2], dq[i][j][3]);
       }
     }
 #else

@@ -222,8 +222,21 @@ struct BwdMainloop {
   }
   // Adds this thread's dQ accumulators (rows q_base + 16 warp + g + 8 h, columns
   // wg * kDqCols + 8 j + 2 t + e) to dq_accum [B, T, N, H] (rows past T skipped).
+  // (-DJAXATTN_EXP_BWD_DQ_RED4 as well: one 16-byte reduction per 8-column fragment,
+  // lanes t and t ^ 1 swapping halves, instead of two 8-byte ones.)
   __device__ __forceinline__ static void red_dq(const float (&dq)[kDqRegs], const BwdArgs& args, int batch,
                                                 int head, int q_base, int wg, int warp, int g, int t) {
+#ifdef JAXATTN_EXP_BWD_DQ_RED4
+    const int q = q_base + warp * 16 + g;
+    const int64_t row_stride = (int64_t)args.num_heads * kHeadDim;
+    float* lo = args.attn.dq_accum + ((int64_t)batch * args.seqlen_q + q) * row_stride + (int64_t)head * kHeadDim +
+                wg * Tr::kDqCols;
+    float* hi = lo + 8 * row_stride;
+#pragma unroll
+    for (int j = 0; j < kDqRegs / 4; ++j)
+      ptx::red_add_frag_f32x4(lo + 8 * j, hi + 8 * j, q < args.seqlen_q, q + 8 < args.seqlen_q, t, dq[4 * j],
+                              dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+#else
     float* base = args.attn.dq_accum + (int64_t)head * kHeadDim + wg * Tr::kDqCols + 2 * t;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -234,6 +247,7 @@ struct BwdMainloop {
         for (int j = 0; j < kDqRegs / 4; ++j) ptx::red_add_f32x2(row + 8 * j, dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
       }
     }
+#endif
   }
 
   // ---- dQ warp (one thread; Tr::kDqWarp) -------------------------------------
