@@ -201,11 +201,12 @@ struct BwdMainloop {
   }
 
   // ---- dQ by vector reductions (measurement switch) -----------------------------
-  // JAXATTN_EXP_BWD_DQ_RED (session 10, not yet run; the narrow tile, head dims 64 and
-  // 128): outside deterministic mode each consumer thread adds its dQ accumulators to
-  // dq_accum with red.global.add.v2.f32 (16 at 128, 8 at 64), instead of staging them
-  // in shared memory for a TMA reduce-add (by one consumer thread at 128, by the dQ
-  // warp at 64, which then has nothing to do). At head dim 128 a step moves ~368 KB
+  // JAXATTN_EXP_BWD_DQ_RED (session 10, not yet run; every head dim): outside
+  // deterministic mode each consumer thread adds its dQ accumulators to dq_accum with
+  // red.global.add.v2.f32 (8 at head dim 64, 16 at 128, 32 at 256), instead of staging
+  // them in shared memory for a TMA reduce-add (by one consumer thread at 128 and 256,
+  // by the dQ warp at 64, which then has nothing to do; at 256 the Q / dO stage, which
+  // held the staging, is freed right after the step). At head dim 128 a step moves ~368 KB
   // through shared memory (S^T / dP^T operands 128 KB, dQ operands 64 KB, dV / dK 64
   // KB, dQ staging write + TMA read 64 KB, Q / dO 32 KB, dS^T 16 KB): ~2900 cycles at
   // 128 B / clock, above the 2560 cycles of its wgmma work; the staging's 64 KB and its
@@ -213,7 +214,7 @@ struct BwdMainloop {
   // instruction stream is the limit (session 9 profile): 8 reductions replace 8 shared
   // stores, the proxy fence and two mbarrier operations.
 #ifdef JAXATTN_EXP_BWD_DQ_RED
-  static constexpr bool kDqRed = !Tr::kWide;
+  static constexpr bool kDqRed = true;
 #else
   static constexpr bool kDqRed = false;
 #endif
