@@ -16,9 +16,9 @@ recorded separately), run `--warmup` times untimed (the first run's output
 is kept for the cross-check), then `--reps` timed runs, each ending with
 block_until_ready; the median is reported. A sample is 3-40 back-to-back
 calls (~20 ms; one call when a call takes >= 50 ms) and one sync, so host
-dispatch overlaps device work as in a training loop; the sync's cost (and the dispatch cost, measured once on a
-trivial jitted function, `dispatch_overhead_us` in the JSON) matters only
-for the smallest rows.
+dispatch overlaps device work as in a training loop; the sync's cost (and
+the dispatch cost, measured once on a trivial jitted function,
+`dispatch_overhead_us` in the JSON) matters only for the smallest rows.
 Inputs rotate over 3 sets when one set (q, k, v[, dout]) is smaller than
 `--rotate-below-mib` (default 128 MiB, about 2x an H200's L2), so that no
 timed run finds its inputs in a warm L2. At the default GPU sizes a single
