@@ -200,57 +200,6 @@ struct BwdMainloop {
     }
   }
 
-  // ---- dQ by vector reductions (measurement switch) -----------------------------
-  // JAXATTN_EXP_BWD_DQ_RED (session 10, not yet run; every head dim): outside
-  // deterministic mode each consumer thread adds its dQ accumulators to dq_accum with
-  // red.global.add.v2.f32 (8 at head dim 64, 16 at 128, 32 at 256), instead of staging
-  // them in shared memory for a TMA reduce-add (by one consumer thread at 128 and 256,
-  // by the dQ warp at 64, which then has nothing to do; at 256 the Q / dO stage, which
-  // held the staging, is freed right after the step). At head dim 128 a step moves ~368 KB
-  // through shared memory (S^T / dP^T operands 128 KB, dQ operands 64 KB, dV / dK 64
-  // KB, dQ staging write + TMA read 64 KB, Q / dO 32 KB, dS^T 16 KB): ~2900 cycles at
-  // 128 B / clock, above the 2560 cycles of its wgmma work; the staging's 64 KB and its
-  // barriers per step go, the L2 traffic stays the same bytes. At 64 the consumers'
-  // instruction stream is the limit (session 9 profile): 8 reductions replace 8 shared
-  // stores, the proxy fence and two mbarrier operations.
-#ifdef JAXATTN_EXP_BWD_DQ_RED
-  static constexpr bool kDqRed = true;
-#else
-  static constexpr bool kDqRed = false;
-#endif
-  __device__ __forceinline__ static bool dq_by_red(const BwdArgs& args) {
-    return kDqRed && args.dq_semaphore == nullptr;  // (deterministic mode: ordered TMA adds)
-  }
-  // Adds this thread's dQ accumulators (rows q_base + 16 warp + g + 8 h, columns
-  // wg * kDqCols + 8 j + 2 t + e) to dq_accum [B, T, N, H] (rows past T skipped).
-  // (-DJAXATTN_EXP_BWD_DQ_RED4 as well: one 16-byte reduction per 8-column fragment,
-  // lanes t and t ^ 1 swapping halves, instead of two 8-byte ones.)
-  __device__ __forceinline__ static void red_dq(const float (&dq)[kDqRegs], const BwdArgs& args, int batch,
-                                                int head, int q_base, int wg, int warp, int g, int t) {
-#ifdef JAXATTN_EXP_BWD_DQ_RED4
-    const int q = q_base + warp * 16 + g;
-    const int64_t row_stride = (int64_t)args.num_heads * kHeadDim;
-    float* lo = args.attn.dq_accum + ((int64_t)batch * args.seqlen_q + q) * row_stride + (int64_t)head * kHeadDim +
-                wg * Tr::kDqCols;
-    float* hi = lo + 8 * row_stride;
-#pragma unroll
-    for (int j = 0; j < kDqRegs / 4; ++j)
-      ptx::red_add_frag_f32x4(lo + 8 * j, hi + 8 * j, q < args.seqlen_q, q + 8 < args.seqlen_q, t, dq[4 * j],
-                              dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-#else
-    float* base = args.attn.dq_accum + (int64_t)head * kHeadDim + wg * Tr::kDqCols + 2 * t;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int q = q_base + warp * 16 + g + 8 * h;
-      if (q < args.seqlen_q) {
-        float* row = base + ((int64_t)batch * args.seqlen_q + q) * args.num_heads * kHeadDim;
-#pragma unroll
-        for (int j = 0; j < kDqRegs / 4; ++j) ptx::red_add_f32x2(row + 8 * j, dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
-      }
-    }
-#endif
-  }
-
   // ---- dQ warp (one thread; Tr::kDqWarp) -------------------------------------
   // Issues every step's dQ reduce-adds: for each step and consumer warpgroup, waits
   // until the warpgroup has written its staging (dq_full), adds it to dq_accum
@@ -259,7 +208,6 @@ struct BwdMainloop {
   // barrier for the add, only (rarely) for the previous add's read.
   __device__ static void reduce_dq(const CUtensorMap* tm_dq, const BwdSmem<Tr>& sm, const BwdTile& tile,
                                    const BwdArgs& args) {
-    if (dq_by_red(args)) return;  // the consumers add dQ themselves
     uint32_t phase = 0;
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
@@ -525,9 +473,7 @@ struct BwdMainloop {
         hptx::reg_fence_array(dq);
         hptx::reg_fence_array(p);  // keeps P^T's registers (dV's A operand) live until here
         const uint32_t dq_stage = sm.dq(wg);
-        if (dq_by_red(args)) {
-          red_dq(dq, args, tile.batch, head, q_base, wg, warp, g, t);
-        } else if constexpr (Tr::kDqWarp) {
+        if constexpr (Tr::kDqWarp) {
           // The dQ warp has read the previous step's staging; write, publish, go on.
           hptx::mbar_wait(sm.bar_dq_empty(wg), (uint32_t)(step & 1) ^ 1u);
           store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);

@@ -167,20 +167,13 @@ struct BwdMainloopWide {
         hptx::named_bar_sync(1, 256);
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dq);
-        if (Base::dq_by_red(args)) {
-          // (measurement switch, Base::kDqRed) dQ added from registers; Q / dO are free
-          // now (both warpgroups' dV / dK are done: the barrier above).
-          Base::red_dq(dq, args, tile.batch, head, q_base, wg, warp, g, t);
-          if (tid == 0) hptx::mbar_arrive(sm.bar_q_empty(pipe.stage));
-        } else {
-          const uint32_t dq_stage = wg == 0 ? q_tile : do_tile;
-          store_acc_f32_sw128<kHalf>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
-          hptx::fence_proxy_async_smem();
-          hptx::named_bar_sync(2 + wg, 128);
-          // (deterministic mode: one add per warpgroup per key block, disjoint columns)
-          if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
-          pending_stage = pipe.stage;
-        }
+        const uint32_t dq_stage = wg == 0 ? q_tile : do_tile;
+        store_acc_f32_sw128<kHalf>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+        hptx::fence_proxy_async_smem();
+        hptx::named_bar_sync(2 + wg, 128);
+        // (deterministic mode: one add per warpgroup per key block, disjoint columns)
+        if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
+        pending_stage = pipe.stage;
         pipe.advance();
         buf ^= 1;
       }
