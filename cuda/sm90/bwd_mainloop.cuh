@@ -393,17 +393,12 @@ struct BwdMainloop {
     // At head dim 64, S^T = K Q^T and dP^T = V dO^T take this warpgroup's K / V rows
     // from registers (2 x 16 registers), halving their shared-memory reads: +2-8%
     // (session 6). (At 128 / 256 the 64 / 128 registers are not there to spare.)
-    // (-DJAXATTN_EXP_BWD128_K_REGS, session 11 measurement switch: at 128, K only,
-    // 32 registers, for S^T; unmasked kernels.)
-    constexpr bool kVRegs = kHeadDim == 64;
-#ifdef JAXATTN_EXP_BWD128_K_REGS
-    constexpr bool kKRegs = kHeadDim == 64 || (kHeadDim == 128 && !kMasked);
-#else
-    constexpr bool kKRegs = kVRegs;
-#endif
-    uint32_t k_frag[kKRegs ? kHeadDim / 4 : 1], v_frag[kVRegs ? kHeadDim / 4 : 1];
-    if constexpr (kKRegs) load_a_frags_sw128<kHeadDim>(k_frag, k_rows, kBlockN * 128, warp, lane);
-    if constexpr (kVRegs) load_a_frags_sw128<kHeadDim>(v_frag, v_rows, kBlockN * 128, warp, lane);
+    constexpr bool kKvRegs = kHeadDim == 64;
+    uint32_t k_frag[kKvRegs ? kHeadDim / 4 : 1], v_frag[kKvRegs ? kHeadDim / 4 : 1];
+    if constexpr (kKvRegs) {
+      load_a_frags_sw128<kHeadDim>(k_frag, k_rows, kBlockN * 128, warp, lane);
+      load_a_frags_sw128<kHeadDim>(v_frag, v_rows, kBlockN * 128, warp, lane);
+    }
     Pipe pipe;
     int ds_buf = 0;
     // Pingpong: warpgroup 0 has the first turn; warpgroup 1 skips handing over the
@@ -421,10 +416,10 @@ struct BwdMainloop {
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
         take_turn(wg);
         hptx::wgmma_fence();
-        if constexpr (kKRegs) issue_abT_rs<kAdd>(s, k_frag, q_tile);
+        if constexpr (kKvRegs) issue_abT_rs<kAdd>(s, k_frag, q_tile);
         else issue_abT<kAdd>(s, k_rows, kBlockN * 128, q_tile);
         hptx::wgmma_commit();
-        if constexpr (kVRegs) issue_abT_rs<kAdd>(dp, v_frag, do_tile);
+        if constexpr (kKvRegs) issue_abT_rs<kAdd>(dp, v_frag, do_tile);
         else issue_abT<kAdd>(dp, v_rows, kBlockN * 128, do_tile);
         hptx::wgmma_commit();
         pass_turn(wg);

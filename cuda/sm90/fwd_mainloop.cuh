@@ -72,36 +72,10 @@ struct FwdMainloop {
 
   // ---- consumer pieces (one warpgroup) ---------------------------------------
 
-  // Half blocks (-DJAXATTN_EXP_FWD_HALF_DIAG, session 11, measurement switch; 128-key
-  // blocks of the unmasked kernels): where all of a block's upper 64 keys are masked
-  // for this warpgroup's 64 rows (the causal diagonal block of the tile's first
-  // warpgroup, or keys past S), S takes only the lower 64 keys (m64n64: the first
-  // half of the accumulator registers; the upper half is set to -inf) and PV only
-  // their 4 k-steps. At T=1K causal that is 1/4 of the diagonal blocks' tensor work.
-#ifdef JAXATTN_EXP_FWD_HALF_DIAG
-  static constexpr bool kHalfBlocks = kBlockN == 128 && Tr::kConsumerWarpgroups == 2;  // (3: spills)
-#else
-  static constexpr bool kHalfBlocks = false;
-#endif
-
   // S = Q(64 rows at q_rows) K(tile at k_tile)^T; issues kHeadDim/16 wgmma, no commit.
-  // half: only the block's lower 64 keys (kHalfBlocks).
   template <bool kAdd>
-  __device__ __forceinline__ static void issue_qk(float (&s)[kSRegs], uint32_t q_rows, uint32_t k_tile,
-                                                  bool half = false) {
+  __device__ __forceinline__ static void issue_qk(float (&s)[kSRegs], uint32_t q_rows, uint32_t k_tile) {
     const hptx::TileDesc<kAdd> a(q_rows, 16, 1024), b(k_tile, 16, 1024);
-    if constexpr (kHalfBlocks) {
-      if (half) {
-        float(&lo)[kSRegs / 2] = reinterpret_cast<float(&)[kSRegs / 2]>(s);
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          const uint32_t col = (kk / 4), off = (kk % 4) * 32;
-          hptx::wgmma_ss<Elem, kBlockN / 2, 0>(lo, a.at(col * kBlockM * 128 + off),
-                                               b.at(col * kBlockN * 128 + off), kk > 0 ? 1 : 0);
-        }
-        return;
-      }
-    }
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t col = (kk / 4), off = (kk % 4) * 32;
@@ -110,21 +84,10 @@ struct FwdMainloop {
     }
   }
 
-  // O += P V(tile at v_tile); issues kBlockN/16 wgmma (half: kBlockN/32), no commit.
+  // O += P V(tile at v_tile); issues kBlockN/16 wgmma, no commit.
   template <bool kAdd>
-  __device__ __forceinline__ static void issue_pv(float (&o)[kORegs], const uint32_t (&p)[kPRegs], uint32_t v_tile,
-                                                  bool half = false) {
+  __device__ __forceinline__ static void issue_pv(float (&o)[kORegs], const uint32_t (&p)[kPRegs], uint32_t v_tile) {
     const hptx::TileDesc<kAdd> b(v_tile, kBlockN * 128, 1024);
-    if constexpr (kHalfBlocks) {
-      if (half) {
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 32; ++kk) {
-          const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-          hptx::wgmma_rs<Elem, kHeadDim, 1>(o, a, b.at(kk * 16 * 128), 1);
-        }
-        return;
-      }
-    }
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
@@ -218,17 +181,7 @@ struct FwdMainloop {
     auto needs_mask = [&](int n) {
       return (n + 1) * kBlockN > S || (kCausal && n * kBlockN + kBlockN - 1 > wg_row0);
     };
-    // kHalfBlocks: block n's upper 64 keys are all masked for this warpgroup's rows.
-    auto half = [&](int n) {
-      return kHalfBlocks && !kMasked && (n * kBlockN + 64 >= S || (kCausal && n * kBlockN >= wg_row0));
-    };
     auto mask = [&](int n) {
-      if constexpr (kHalfBlocks && !kMasked) {
-        if (half(n)) {
-#pragma unroll
-          for (int i = kSRegs / 2; i < kSRegs; ++i) s[i] = -INFINITY;
-        }
-      }
       if constexpr (kMasked) {
         const MaskView& m = *mask_view;
         if (args.attn.softcap > 0.f) softcap_tile(s, args.attn.scale, args.attn.softcap);
@@ -247,7 +200,7 @@ struct FwdMainloop {
         hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
         turn_begin<kPingpong>(wg);
         hptx::wgmma_fence();
-        issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage), half(n));
+        issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage));
         hptx::wgmma_commit();
         turn_end<kPingpong>(wg);
         load_ids(n);
@@ -262,7 +215,7 @@ struct FwdMainloop {
         hptx::mbar_wait(sm.bar_v_full(pipe.stage), pipe.phase);
         turn_begin<kPingpong>(wg);
         hptx::wgmma_fence();
-        issue_pv<kAdd>(o, p, sm.v(pipe.stage), half(n));
+        issue_pv<kAdd>(o, p, sm.v(pipe.stage));
         hptx::wgmma_commit();
         turn_end<kPingpong>(wg);
         hptx::wgmma_wait<0>();
@@ -275,7 +228,7 @@ struct FwdMainloop {
       hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
       turn_begin<kPingpong>(wg);
       hptx::wgmma_fence();
-      issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage), half(tile.n_begin));
+      issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage));
       hptx::wgmma_commit();
       turn_end<kPingpong>(wg);
       load_ids(tile.n_begin);
@@ -292,11 +245,11 @@ struct FwdMainloop {
         hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
         turn_begin<kPingpong>(wg);
         hptx::wgmma_fence();
-        issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage), half(n));
+        issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage));
         hptx::wgmma_commit();
         hptx::mbar_wait(sm.bar_v_full(prev.stage), prev.phase);
         hptx::wgmma_fence();
-        issue_pv<kAdd>(o, p, sm.v(prev.stage), half(n - 1));
+        issue_pv<kAdd>(o, p, sm.v(prev.stage));
         hptx::wgmma_commit();
         turn_end<kPingpong>(wg);
         load_ids(n);
@@ -318,7 +271,7 @@ struct FwdMainloop {
       hptx::mbar_wait(sm.bar_v_full(prev.stage), prev.phase);
       turn_begin<kPingpong>(wg);
       hptx::wgmma_fence();
-      issue_pv<kAdd>(o, p, sm.v(prev.stage), half(tile.n_blocks - 1));
+      issue_pv<kAdd>(o, p, sm.v(prev.stage));
       hptx::wgmma_commit();
       turn_end<kPingpong>(wg);
       hptx::wgmma_wait<0>();
