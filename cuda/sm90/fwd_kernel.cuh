@@ -172,6 +172,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
                                                                                pipe, 0, &mask_view);
       FwdEpilogue<Tr>::store(o, softmax, &params.tm_o, sm, tile, args, wg, tid);
     }
+    FwdEpilogue<Tr>::finish(tid);
   }
 }
 
