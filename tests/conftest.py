@@ -139,12 +139,15 @@ def floor_for(dtype, ref) -> float:
     return eps * max(scale, 1.0)
 
 
-def assert_close(name, ours, plain, ref, dtype):
-    """FlashAttention's bound: our error <= 2x plain JAX's error in the same dtype + a floor."""
+def assert_close(name, ours, plain, ref, dtype, allowance: float = 0.0):
+    """FlashAttention's bound: our error <= 2x plain JAX's error in the same dtype + a floor.
+
+    allowance: an error the algorithm makes by design, computed exactly for these
+    inputs (reference64.backward's round_out: dbias through D from the rounded output)."""
     ours_np = np.asarray(ours.astype(jnp.float32))
     assert np.all(np.isfinite(ours_np)), f"{name}: non-finite values (unwritten or NaN output)"
     err = max_err(ours_np, ref)
-    bound = 2 * max_err(np.asarray(plain.astype(jnp.float32)), ref) + floor_for(dtype, ref)
+    bound = 2 * max_err(np.asarray(plain.astype(jnp.float32)), ref) + floor_for(dtype, ref) + allowance
     assert err <= bound, f"{name}: max error {err:.3g} > bound {bound:.3g}"
 
 

@@ -90,9 +90,16 @@ def forward(q, k, v, *, scale: float, is_causal: bool, rows=None, window=None, q
 
 
 def backward(q, k, v, dout, *, scale: float, is_causal: bool, dlse=None, window=None, q_lengths=None,
-             kv_lengths=None, softcap=None, q_segment_ids=None, kv_segment_ids=None, bias=None, mask=None):
+             kv_lengths=None, softcap=None, q_segment_ids=None, kv_segment_ids=None, bias=None, mask=None,
+             round_out=None):
     """(dq, dk, dv) in float64 of sum(out * dout) + sum(lse * dlse); with a
-    bias also dbias (summed to the bias's shape)."""
+    bias also dbias (summed to the bias's shape).
+
+    round_out (with a bias): a function rounding an array to the output dtype; then a
+    fifth value is returned, the dbias error that a flash backward makes by design:
+    it takes D = rowsum(dout * out) from the output rounded to its dtype, so each
+    dS_ij is off by -P_ij (D_rounded - D)_i, and a bias broadcast over rows sums
+    those errors (a scalar bias sums every row's, where the exact dS cancel to ~0)."""
     q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
@@ -117,4 +124,11 @@ def backward(q, k, v, dout, *, scale: float, is_causal: bool, dlse=None, window=
     dk = np.einsum("bnts,btnh->bsnh", ds, q) * scale
     dk = dk.reshape(B, S, K, g, H).sum(3)
     dv = dv.reshape(B, S, K, g, H).sum(3)
-    return (dq, dk, dv) if bias is None else (dq, dk, dv, dbias)
+    if bias is None:
+        return dq, dk, dv
+    if round_out is None:
+        return dq, dk, dv, dbias
+    out = np.einsum("bnts,bsnh->btnh", p, ve)
+    d_err = (dout * (np.asarray(round_out(out), np.float64) - out)).sum(-1)  # [B, T, N]
+    dbias_err = _reduce_to(-p * d_err.transpose(0, 2, 1)[..., None], np.shape(bias)).reshape(np.shape(bias))
+    return dq, dk, dv, dbias, dbias_err
