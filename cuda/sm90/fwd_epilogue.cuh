@@ -21,13 +21,6 @@ struct FwdEpilogue {
   using Elem = typename Tr::Elem;
   static constexpr int kHeadDim = Tr::kHeadDim;
   static constexpr int kBlockM = Tr::kBlockM;
-  // kLateWait (Tr::kSeparateO): thread 0 waits for the TMA store's read of the O
-  // buffer just before the next tile's store writes it (and in finish()), not right
-  // after issuing it, so the read's latency overlaps the next tile's main loop
-  // instead of holding the warpgroup (whose first wgmma needs all four warps).
-  // H200, session 11, same call: +2-3% at H=64 non-causal T >= 2K and H=128
-  // non-causal T <= 2K, +2.4% H=64 causal 16K, others within the 1-2% noise.
-  static constexpr bool kLateWait = Tr::kSeparateO;
 
   // Requires: this warpgroup's wgmma reads of Q are complete (true after the main loop;
   // with Tr::kSeparateO the Q tile is not touched).
@@ -40,9 +33,14 @@ struct FwdEpilogue {
 
     // O -> this warpgroup's 64 rows of the Q tile (free of bank conflicts: same swizzle),
     // or of the O buffer (Tr::kSeparateO), which the previous tile's TMA store has read
-    // once thread 0 of the warpgroup is past its bulk_wait_read0 (the barrier).
+    // once thread 0 of the warpgroup is past its bulk_wait_read0 (then the barrier).
+    // That wait comes here, just before this store writes the buffer (and in finish()),
+    // not right after the previous store was issued, so the read's latency overlaps the next tile's main loop instead of holding
+    // the warpgroup, whose first wgmma needs all four warps (H200, session 11, same
+    // call: +2-3% at H=64 non-causal T >= 2K and H=128 non-causal T <= 2K, +2.4% at
+    // H=64 causal 16K, the rest within the 1-2% noise).
     if constexpr (Tr::kSeparateO) {
-      if (kLateWait && tid == 0) hptx::bulk_wait_read0();  // the previous tile's store
+      if (tid == 0) hptx::bulk_wait_read0();
       hptx::named_bar_sync(1 + wg, 128);
     }
     const uint32_t rows = sm.o() + wg * 64 * 128;
@@ -65,12 +63,12 @@ struct FwdEpilogue {
           args.lse[((int64_t)tile.batch * args.seqlen_q + row) * args.num_heads + tile.head] = lse[h];
       }
     }
-    if (!kLateWait && tid == 0 && wg_row0 < args.seqlen_q) hptx::bulk_wait_read0();  // smem must outlive the copy
+    if (!Tr::kSeparateO && tid == 0 && wg_row0 < args.seqlen_q) hptx::bulk_wait_read0();  // smem must outlive the copy
   }
 
-  // After a CTA's last store() (kLateWait: the O buffer must outlive its last copy).
+  // After a CTA's last store() (with the O buffer: it must outlive its last copy).
   __device__ static void finish(int tid) {
-    if (kLateWait && tid == 0) hptx::bulk_wait_read0();
+    if (Tr::kSeparateO && tid == 0) hptx::bulk_wait_read0();
   }
 };
 
