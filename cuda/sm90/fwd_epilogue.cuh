@@ -35,10 +35,10 @@ struct FwdEpilogue {
     // or of the O buffer (Tr::kSeparateO), which the previous tile's TMA store has read
     // once thread 0 of the warpgroup is past its bulk_wait_read0 (then the barrier).
     // That wait comes here, just before this store writes the buffer (and in finish()),
-    // not right after the previous store was issued, so the read's latency overlaps the next tile's main loop instead of holding
-    // the warpgroup, whose first wgmma needs all four warps (H200, session 11, same
-    // call: +2-3% at H=64 non-causal T >= 2K and H=128 non-causal T <= 2K, +2.4% at
-    // H=64 causal 16K, the rest within the 1-2% noise).
+    // not right after the previous store was issued, so the read's latency overlaps the
+    // next tile's main loop instead of holding the warpgroup, whose first wgmma needs
+    // all four warps (H200, session 11, same call: +2-3% at H=64 non-causal T >= 2K and
+    // H=128 non-causal T <= 2K, +2.4% at H=64 causal 16K, the rest within the 1-2% noise).
     if constexpr (Tr::kSeparateO) {
       if (tid == 0) hptx::bulk_wait_read0();
       hptx::named_bar_sync(1 + wg, 128);
