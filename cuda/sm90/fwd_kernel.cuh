@@ -13,6 +13,7 @@
 #include "common/ptx.h"
 #include "sm90/fwd_epilogue.cuh"
 #include "sm90/fwd_mainloop.cuh"
+#include "sm90/fwd_schedule.cuh"
 #include "sm90/fwd_smem.cuh"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/tile_mask.cuh"
@@ -27,48 +28,6 @@ struct FwdParams {
   CUtensorMap tm_o;  // box (64, 64, 1, 1, 1): one chunk of one warpgroup's rows
   FwdArgs args;
 };
-
-// The key blocks a tile needs (causal: up to its last row's diagonal).
-template <class Tr, bool kCausal>
-__device__ __forceinline__ int fwd_tile_key_blocks(const FwdArgs& a, int m_block) {
-  int n_blocks = (a.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-  if (kCausal) {
-    const int last_row = min(m_block * Tr::kBlockM + Tr::kBlockM - 1, a.seqlen_q - 1);
-    n_blocks = min(n_blocks, last_row / Tr::kBlockN + 1);
-  }
-  return n_blocks;
-}
-
-// Tile number `idx` of the (query tiles x heads x batch) grid. Causal grids run the
-// longest (last) query tiles first: the query tile is the slowest index, reversed.
-template <class Tr, bool kCausal>
-__device__ __forceinline__ FwdTile fwd_tile(const FwdArgs& a, int idx) {
-  const int m_tiles = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-  const int per_m = a.num_heads * a.batch;
-  FwdTile tile;
-  if (kCausal) {
-    tile.m_block = m_tiles - 1 - idx / per_m;
-    tile.head = idx % a.num_heads;
-    tile.batch = (idx % per_m) / a.num_heads;
-  } else {
-    tile.m_block = idx % m_tiles;
-    tile.head = (idx / m_tiles) % a.num_heads;
-    tile.batch = idx / (m_tiles * a.num_heads);
-  }
-  tile.n_blocks = fwd_tile_key_blocks<Tr, kCausal>(a, tile.m_block);
-  return tile;
-}
-
-// The tile of a CTA of the non-persistent grid (query tiles, heads, batch).
-template <class Tr, bool kCausal>
-__device__ __forceinline__ FwdTile fwd_tile_from_block(const FwdArgs& a) {
-  FwdTile tile;
-  tile.m_block = kCausal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-  tile.head = blockIdx.y;
-  tile.batch = blockIdx.z;
-  tile.n_blocks = fwd_tile_key_blocks<Tr, kCausal>(a, tile.m_block);
-  return tile;
-}
 
 // Masked instantiations (window, lengths, segments, soft cap; non-persistent grid):
 // the tile's key blocks narrowed to what some row of the tile may see. Every thread
@@ -88,8 +47,9 @@ __device__ __forceinline__ void fwd_mask_tile(FwdTile& tile, const FwdArgs& a, M
 }
 
 // kPersistent: a 1-D grid of at most one CTA per SM; CTA c runs tiles c, c + grid,
-// ... (fwd_tile order), and its producer loads the next tile's first K / V blocks
-// while the consumers finish the previous tile.
+// ... (fwd_tile order; causal: pairs of query tiles, fwd_causal_cta_tile), and its
+// producer loads the next tile's first K / V blocks while the consumers finish the
+// previous tile.
 // kMasked: the call has mask options (AttnParams::has_masks, no dense bias / mask);
 // the causal mask is then part of the MaskView, and kCausal only orders the tiles.
 template <class Tr, bool kCausal, bool kOverlap, bool kPingpong, bool kPersistent = false, bool kMasked = false>
@@ -141,10 +101,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
       hptx::prefetch_tmap(&params.tm_v);
       if constexpr (kPersistent) {
         uint32_t q_phase = 0;
-        for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
-          const FwdTile t = fwd_tile<Tr, kCausal>(args, idx);
-          FwdMainloop<Tr>::produce(&params.tm_q, &params.tm_k, &params.tm_v, sm, t, t.head / args.group, pipe,
-                                   (int)q_phase);
+        if constexpr (kCausal) {  // (fwd_schedule.cuh: paired query tiles)
+          FwdTile t;
+          for (int j = 0; fwd_causal_cta_tile<Tr>(args, blockIdx.x, j, t); ++j, q_phase ^= 1)
+            FwdMainloop<Tr>::produce(&params.tm_q, &params.tm_k, &params.tm_v, sm, t,
+                                     args.sched.div_group.div(t.head), pipe, (int)q_phase);
+        } else {
+          for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
+            const FwdTile t = fwd_tile<Tr>(args, idx);
+            FwdMainloop<Tr>::produce(&params.tm_q, &params.tm_k, &params.tm_v, sm, t, t.head / args.group, pipe,
+                                     (int)q_phase);
+          }
         }
       } else if (!tile.empty()) {
         FwdMainloop<Tr>::produce(&params.tm_q, &params.tm_k, &params.tm_v, sm, tile, tile.head / args.group, pipe,
@@ -159,13 +126,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
     OnlineSoftmax<Tr::kBlockN> softmax;
     if constexpr (kPersistent) {
       uint32_t q_phase = 0;
-      for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
-        const FwdTile t = fwd_tile<Tr, kCausal>(args, idx);
+      auto run = [&](const FwdTile& t) {
         FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, false, Tr::kSeparateO>(
             o, softmax, sm, t, args, wg, tid, pipe, q_phase);
         FwdEpilogue<Tr>::store(o, softmax, &params.tm_o, sm, t, args, wg, tid);
         // (store() waited for its TMA reads; kSeparateO: consume() released Q already)
         if (!Tr::kSeparateO && tid == 0) hptx::mbar_arrive(sm.bar_q_empty());
+      };
+      if constexpr (kCausal) {
+        FwdTile t;
+        for (int j = 0; fwd_causal_cta_tile<Tr>(args, blockIdx.x, j, t); ++j, q_phase ^= 1) run(t);
+      } else {
+        for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) run(fwd_tile<Tr>(args, idx));
       }
     } else {
       FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, kMasked>(o, softmax, sm, tile, args, wg, tid,

@@ -10,6 +10,7 @@
 
 #include "sm90/fwd_dispatch.h"
 #include "sm90/fwd_kernel.cuh"
+#include "sm90/fwd_schedule.cuh"
 #include "sm90/fwd_traits.cuh"
 #include "sm90/tma_descriptors.cuh"
 
@@ -87,8 +88,9 @@ cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*k
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (e != cudaSuccess) return {e, name};
     const int64_t tiles = (int64_t)m_tiles * p.num_heads * p.batch;
-    if (tiles >= (int64_t(1) << 31)) return {cudaErrorInvalidValue, "flash_fwd_sm90 (too many tiles)"};
+    if (tiles + sms >= (int64_t(1) << 31)) return {cudaErrorInvalidValue, "flash_fwd_sm90 (too many tiles)"};
     grid = dim3((unsigned)std::min<int64_t>(tiles, sms), 1, 1);
+    if (p.is_causal) kp.args.sched = make_fwd_schedule(m_tiles, p.num_heads, p.batch, p.num_heads / p.num_heads_k, (int)grid.x);
   }
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
   e = cudaGetLastError();
@@ -164,12 +166,15 @@ cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdV
 // grid): H=64 1K / 4K / 16K 395 / 506 / 551 vs 397 / 460 / 511 (causal 269 / 414 / 486
 // vs 263 / 394 / 476); H=128 548 / 623 / 671 vs 490 / 562 / 637. H=256 (80-key blocks,
 // no room for the O buffer) is even non-causal (558 / 678 / 719 vs 545 / 677 / 726) and
-// behind causal (328 / 507 / 559 vs 373 / 564 / 686). H=128 causal: ahead at T=4K (540 vs
-// 512), behind at 1K (342 vs 351, fewer and shorter tiles) and where the grid's
-// default takes 176-key blocks (S >= 8192: 618 vs 628; the persistent form keeps 128).
+// behind causal (328 / 507 / 559 vs 373 / 564 / 686; with session 12's paired causal
+// order 376 / 484 / 556 / 581 vs 380 / 498 / 581 / 695 at T = 1K / 2K / 4K / 16K, still
+// behind). H=128 causal, since the persistent grid pairs query tiles (session 12,
+// fwd_schedule.cuh): ahead everywhere, T = 1K / 2K / 4K 409 / 533 / 597 vs 343 / 438 /
+// 510 for the grid, and at 16K 654 vs 623 for the grid's 176-key blocks (the
+// persistent form keeps 128).
 inline bool default_persistent(int head_dim, int seqlen_q, int seqlen_k, bool causal) {
-  if (!causal || head_dim == 64) return true;
-  return head_dim == 128 && seqlen_q >= 2048 && seqlen_k < 8192;
+  (void)seqlen_q, (void)seqlen_k;
+  return !causal || head_dim <= 128;
 }
 
 template <int kHeadDim, typename Elem>

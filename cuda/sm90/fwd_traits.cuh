@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "common/fast_div.h"
 #include "common/params.h"
 
 namespace jaxattn::sm90 {
@@ -53,7 +54,9 @@ struct FwdTraits {
   // Q as soon as the tile's last S wgmma has read it and the next tile's Q loads
   // during this tile's last PV and epilogue (session 8: +5-12% on the persistent grid
   // at H 64 / 128). Fits at head dims 64 / 128 with 128-key blocks (192 KB at 128),
-  // not at 256 or with 176-key blocks.
+  // not at 256 or with 176-key blocks. (A second Q buffer, so that the next tile's Q
+  // loads a whole tile ahead, measured -12 to +3% at H=64 and -3 to +3% at H=128 in
+  // session 12 and was not kept.)
   static constexpr bool kSeparateO = kOffV + kStages * kKVBytes + kQBytes + 1024 + 128 <= 227 * 1024;
   static constexpr int kOffO = kOffV + kStages * kKVBytes;  // (kSeparateO only)
   static constexpr int kOffBar = kOffO + (kSeparateO ? kQBytes : 0);
@@ -74,6 +77,15 @@ struct FwdTraits {
   }
 };
 
+// The causal persistent grid's tile plan, built by the host (make_fwd_schedule, used
+// by fwd_causal_cta_tile): grid size and the pairing of query tiles.
+struct FwdSchedule {
+  int m_tiles = 0, grid = 0;
+  int half = 0;   // query-tile pairs per (batch, head): ceil(m_tiles / 2)
+  int pairs = 0;  // pair units in all: heads * batch * half
+  FastDiv div_half, div_heads, div_group, div_grid;  // by half, num_heads, N / K, grid
+};
+
 // Device-side arguments other than the tensor maps.
 struct FwdArgs {
   float* lse;        // [B, T, N]
@@ -85,6 +97,7 @@ struct FwdArgs {
   // The call itself (masked instantiations read their options from it: MaskView::of,
   // scale, softcap).
   AttnParams attn;
+  FwdSchedule sched;  // (persistent causal grid)
 };
 
 }  // namespace jaxattn::sm90

@@ -10,7 +10,11 @@
 // calls (CUDA events) after warm-up, TFLOP/s = 4 B N T S H (halved when causal) / time.
 //
 // Usage: sm90_fwd_check [--quick] [--no-bench] [--no-check] [--log FILE]
+//                       [--bench-one H T causal VARIANT] [--schedule-only]
 //   --quick: a few small cases, no benchmark (for compute-sanitizer).
+//   --bench-one: one benchmark row of one variant (its FwdVariant number; 7 = the
+//     default), e.g. under a profiler; nothing else runs.
+//   --schedule-only: only the host check of the persistent grid's causal tile order.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -29,6 +33,7 @@
 #include "common/params.h"
 #include "launch.h"
 #include "sm90/fwd_dispatch.h"
+#include "sm90/fwd_schedule.cuh"
 #include "check_util.h"
 
 using jaxattn::AttnParams;
@@ -36,6 +41,7 @@ using jaxattn::DType;
 using jaxattn::sm90::FwdVariant;
 
 static FILE* g_log = stdout;  // per-case lines
+static int g_only_variant = -1;  // --bench-one: time only this variant
 
 static constexpr int kNV = jaxattn::sm90::kNumFwdVariants;
 static const char* variant_name(FwdVariant v) {
@@ -288,11 +294,14 @@ static BenchRow bench(int T, int H, bool causal) {
   // during the row lands on all columns alike (timing one column after the other read
   // the same kernel up to 10% apart in one run, session 6).
   std::vector<float> ms[kNV + 1];  // kNV == kDefault
+  auto skip = [](int vi) { return g_only_variant >= 0 && vi != g_only_variant; };
   for (int vi = 0; vi <= kNV; ++vi)
-    for (int w = 0; w < 2; ++w) jaxattn::sm90::flash_fwd_sm90_variant(p, 0, FwdVariant(vi));
+    for (int w = 0; w < 2; ++w)
+      if (!skip(vi)) jaxattn::sm90::flash_fwd_sm90_variant(p, 0, FwdVariant(vi));
   CUDA_CHECK(cudaDeviceSynchronize());
   for (int it = 0; it < 20; ++it)
     for (int vi = 0; vi <= kNV; ++vi) {
+      if (skip(vi)) continue;
       CUDA_CHECK(cudaEventRecord(e0));
       jaxattn::cuda::LaunchStatus st = jaxattn::sm90::flash_fwd_sm90_variant(p, 0, FwdVariant(vi));
       CUDA_CHECK(cudaEventRecord(e1));
@@ -306,6 +315,7 @@ static BenchRow bench(int T, int H, bool causal) {
       ms[vi].push_back(t);
     }
   for (int vi = 0; vi <= kNV; ++vi) {
+    if (skip(vi)) continue;
     std::sort(ms[vi].begin(), ms[vi].end());
     row.tflops[vi] = flop / (ms[vi][ms[vi].size() / 2] * 1e-3) / 1e12;
   }
@@ -320,7 +330,35 @@ static BenchRow bench(int T, int H, bool causal) {
   return row;
 }
 
+// The persistent grid's causal tile order covers every (query tile, batch * heads)
+// exactly once, for every grid size (host only; no GPU needed).
+static int check_schedule() {
+  int bad = 0, configs = 0;
+  for (int m_tiles = 1; m_tiles <= 40; ++m_tiles)
+    for (int heads : {1, 3, 16})
+      for (int batch : {1, 2, 5, 11, 40})
+        for (int sms : {1, 7, 66, 132}) {
+          const int tiles = m_tiles * heads * batch, grid = std::min(tiles, sms);
+          const jaxattn::sm90::FwdSchedule s = jaxattn::sm90::make_fwd_schedule(m_tiles, heads, batch, 1, grid);
+          std::vector<int> seen(tiles, 0);
+          for (int c = 0; c < grid; ++c) {
+            int m, bh;
+            for (int j = 0; jaxattn::sm90::causal_persistent_tile(s, c, j, m, bh); ++j) {
+              if (m < 0 || m >= m_tiles || bh < 0 || bh >= heads * batch || j > 2 * tiles) { ++bad; break; }
+              seen[bh * m_tiles + m]++;
+            }
+          }
+          for (int v : seen) bad += v != 1;
+          ++configs;
+        }
+  std::printf("schedule: %d configurations, %d tiles missed or repeated\n", configs, bad);
+  return bad;
+}
+
 int main(int argc, char** argv) {
+  const int schedule_bad = check_schedule();
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--schedule-only")) return schedule_bad ? 1 : 0;
   bool quick = false, do_bench = true, do_check = true;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true, do_bench = false;
@@ -328,6 +366,16 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--no-check")) do_check = false;
     if (!std::strcmp(argv[i], "--log") && i + 1 < argc) g_log = std::fopen(argv[++i], "w");
     if (!g_log) g_log = stdout;
+    if (!std::strcmp(argv[i], "--bench-one") && i + 4 < argc) {
+      const int H = std::atoi(argv[i + 1]), T = std::atoi(argv[i + 2]);
+      const bool causal = std::atoi(argv[i + 3]) != 0;
+      g_only_variant = std::atoi(argv[i + 4]);
+      if (g_only_variant < 0 || g_only_variant > kNV) return 2;
+      const BenchRow r = bench(T, H, causal);
+      std::printf("H %d T %d causal %d %s: %.1f TFLOP/s\n", H, T, int(causal),
+                  variant_name(FwdVariant(g_only_variant)), r.tflops[g_only_variant]);
+      return 0;
+    }
   }
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -406,6 +454,7 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
   }
+  n_fail += schedule_bad;
   std::printf("%s\n", n_fail ? "SOME CHECKS FAILED" : "ALL OK");
   return n_fail ? 1 : 0;
 }
