@@ -47,7 +47,8 @@ __device__ __forceinline__ FwdTile fwd_tile(const FwdArgs& a, int idx) {
 // tiles in flight cover ~g / (M / 2) heads, whose K / V stay in L2. (Longest-first
 // over all heads, the previous order, put 132 different heads in flight: at H=64
 // causal T=1K the profile read ~700 MB from DRAM for 128 MB of K / V and 64 MB of Q;
-// pairs: H=128 causal T=1K / 2K / 4K / 16K +15 / +18 / +11 / +7%, session 12.)
+// rotated pairs: H=128 causal T=1K / 2K / 4K / 16K +19 / +22 / +17 / +6%, H=64 +9 /
+// +5 / +6 / 0%, session 12 run 4.)
 // (Host and device: the checker verifies the cover on the host.)
 JAXATTN_HD bool causal_persistent_tile(const FwdSchedule& s, int c, int& j, int& m_block, int& bh) {
   const int k = j >> 1, r = c + k;
