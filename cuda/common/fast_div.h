@@ -32,7 +32,6 @@ struct FastDiv {
 #endif
     return (hi + n) >> shift;
   }
-  JAXATTN_HD uint32_t mod(uint32_t n) const { return n - div(n) * d; }
 };
 
 }  // namespace jaxattn
