@@ -97,22 +97,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// 2^x for x <= 0 on the FMA pipe instead of MUFU (whose 16 results per clock per SM
-// bound the softmax at head dim 64): x rounded to the nearest integer n by adding
-// 1.5 * 2^23, 2^(x - n) by a degree-3 polynomial on [-0.5, 0.5] (fitted to relative
-// error; max 7.5e-5, well below a 16-bit P's rounding), n added to the exponent.
-// x below -126 (and -inf) gives 2^-126, not 0 (a masked P of 1.2e-38: nothing a row
-// sum of at least 1 can see; a fully masked row is caught by its -inf max).
-__device__ __forceinline__ float exp2_fma(float x) {
-  x = fmaxf(x, -126.f);
-  const float t = __fadd_rn(x, 12582912.f);  // n in the low mantissa bits
-  const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
-  float p = fmaf(0.055171654f, f, 0.24261115f);
-  p = fmaf(p, f, 0.69326097f);
-  p = fmaf(p, f, 0.99992806f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 // Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple
 // of 32), ordering their shared-memory accesses.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {

@@ -44,13 +44,6 @@ struct OnlineSoftmax {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[4 * j + 2 * h + e];
-#ifdef JAXATTN_EXP_FWD_POLY_EXP  // every N-th column group's exponentials on the FMA pipe
-          if (j % JAXATTN_EXP_FWD_POLY_EXP == JAXATTN_EXP_FWD_POLY_EXP - 1) {
-            x = ptx::exp2_fma(fmaf(x, scale_log2, -max_scaled));
-            sum += x;
-            continue;
-          }
-#endif
           x = ptx::exp2_approx(fmaf(x, scale_log2, -max_scaled));
           sum += x;
         }
