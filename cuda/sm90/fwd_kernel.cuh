@@ -22,7 +22,7 @@ namespace jaxattn::sm90 {
 
 // Kernel parameters: tensor maps first (64-byte aligned), then the plain arguments.
 struct FwdParams {
-  CUtensorMap tm_q;  // box (64, kBlockM, kChunks, 1, 1); Tr::split_q: (64, 64, 1, 1, 1)
+  CUtensorMap tm_q;  // box (64, kBlockM, kChunks, 1, 1)
   CUtensorMap tm_k;  // box (64, kBlockN, kChunks, 1, 1)
   CUtensorMap tm_v;  // box (64, kBlockN, kChunks, 1, 1)
   CUtensorMap tm_o;  // box (64, 64, 1, 1, 1): one chunk of one warpgroup's rows
@@ -58,9 +58,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const FwdSmem<Tr> sm{(ptx::smem_addr(smem_raw) + 1023u) & ~1023u};
   const FwdArgs& args = params.args;
-  constexpr bool kSplitQ = Tr::split_q(kCausal, kPersistent);
   constexpr int kPreloadKV = Tr::preload_kv(kCausal, kPersistent);
-  constexpr int kQParts = kSplitQ ? Tr::kConsumerWarpgroups : 1;
   const int num_tiles = kPersistent ? ((args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM) * args.num_heads * args.batch
                                     : 1;
 
@@ -68,14 +66,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
   const int warpgroup = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
 
   if (threadIdx.x == 0) {
-#pragma unroll
-    for (int w = 0; w < kQParts; ++w) {
-      hptx::mbar_init(sm.bar_q(w), 1);
-      // (q_empty: one arrival per consumer warpgroup after its epilogue; with
-      // Tr::kSeparateO one per consumer warp after the tile's last S wgmma; kSplitQ:
-      // part w only counts warpgroup w)
-      hptx::mbar_init(sm.bar_q_empty(w), (Tr::kSeparateO ? 4 : 1) * (Tr::kConsumerWarpgroups / kQParts));
-    }
+    hptx::mbar_init(sm.bar_q(), 1);
+    // (q_empty: one arrival per consumer warpgroup after its epilogue; with
+    // Tr::kSeparateO one per consumer warp after the tile's last S wgmma)
+    hptx::mbar_init(sm.bar_q_empty(), Tr::kSeparateO ? 4 * Tr::kConsumerWarpgroups : Tr::kConsumerWarpgroups);
 #pragma unroll
     for (int s = 0; s < Tr::kStages; ++s) {
       hptx::mbar_init(sm.bar_k_full(s), 1);
@@ -93,7 +87,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
     if constexpr (kMasked) {
       // Q does not depend on the key range: its load goes out first, so its latency
       // and the range's (the segment-id range-table loads) overlap instead of adding up.
-      if (threadIdx.x == 0) FwdMainloop<Tr>::template load_q<false>(&params.tm_q, sm, tile);
+      if (threadIdx.x == 0) FwdMainloop<Tr>::load_q(&params.tm_q, sm, tile);
       fwd_mask_tile<Tr>(tile, args, mask_view, mask_red);
     }
   }
@@ -111,14 +105,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
         if constexpr (kCausal) {  // (fwd_schedule.cuh: paired query tiles)
           FwdTile t;
           for (int j = 0; fwd_causal_cta_tile<Tr>(args, blockIdx.x, j, t); ++j, q_phase ^= 1)
-            FwdMainloop<Tr>::template produce<kSplitQ, kPreloadKV>(&params.tm_q, &params.tm_k, &params.tm_v, sm, t,
-                                                                    args.sched.div_group.div(t.head), pipe,
-                                                                    (int)q_phase);
+            FwdMainloop<Tr>::template produce<kPreloadKV>(&params.tm_q, &params.tm_k, &params.tm_v, sm, t,
+                                                          args.sched.div_group.div(t.head), pipe, (int)q_phase);
         } else {
           for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
             const FwdTile t = fwd_tile<Tr>(args, idx);
-            FwdMainloop<Tr>::template produce<kSplitQ, kPreloadKV>(&params.tm_q, &params.tm_k, &params.tm_v, sm, t,
-                                                                    t.head / args.group, pipe, (int)q_phase);
+            FwdMainloop<Tr>::template produce<kPreloadKV>(&params.tm_q, &params.tm_k, &params.tm_v, sm, t,
+                                                          t.head / args.group, pipe, (int)q_phase);
           }
         }
       } else if (!tile.empty()) {
@@ -135,11 +128,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
     if constexpr (kPersistent) {
       uint32_t q_phase = 0;
       auto run = [&](const FwdTile& t) {
-        FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, false, Tr::kSeparateO, kSplitQ>(
+        FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, false, Tr::kSeparateO>(
             o, softmax, sm, t, args, wg, tid, pipe, q_phase);
         FwdEpilogue<Tr>::store(o, softmax, &params.tm_o, sm, t, args, wg, tid);
         // (store() waited for its TMA reads; kSeparateO: consume() released Q already)
-        if (!Tr::kSeparateO && tid == 0) hptx::mbar_arrive(sm.bar_q_empty(kSplitQ ? wg : 0));
+        if (!Tr::kSeparateO && tid == 0) hptx::mbar_arrive(sm.bar_q_empty());
       };
       if constexpr (kCausal) {
         FwdTile t;

@@ -52,9 +52,8 @@ cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*k
   const char* name = "flash_fwd_sm90";
   FwdParams kp;
   cudaError_t e;
-  const bool split_q = Tr::split_q(p.is_causal, persistent);  // (the kernel's Q box)
   e = make_tmap_bshd(&kp.tm_q, p.q, p.dtype, p.batch, p.seqlen_q, p.num_heads, kHeadDim, p.q_batch_stride,
-                     p.q_row_stride, p.q_head_stride, split_q ? 64 : Tr::kBlockM, split_q ? 1 : Tr::kChunks);
+                     p.q_row_stride, p.q_head_stride, Tr::kBlockM, Tr::kChunks);
   if (e == cudaSuccess)
     e = make_tmap_bshd(&kp.tm_k, p.k, p.dtype, p.batch, p.seqlen_k, p.num_heads_k, kHeadDim, p.k_batch_stride,
                        p.k_row_stride, p.k_head_stride, Tr::kBlockN, Tr::kChunks);

@@ -1,9 +1,7 @@
 // Main loop of the Hopper forward: the TMA producer (one thread) and the wgmma
 // consumers (one warpgroup per 64 query rows).
 //
-// Pipeline: Q once per tile, each consumer warpgroup's 64 rows on its own barrier
-// (bar_q(wg)), so that on a persistent grid the warpgroup ahead in the pingpong gets
-// the next tile's rows without waiting for the other's last S; K and V each through a kStages ring with
+// Pipeline: Q once per tile (bar_q); K and V each through a kStages ring with
 // full barriers (producer's arrive.expect_tx + TMA bytes) and empty barriers (one
 // arrival per consumer warp, 8 per phase). S = Q K^T with both operands from
 // 128B-swizzled smem (K-major); O += P V with P from registers (the S accumulator
@@ -40,29 +38,18 @@ struct FwdMainloop {
   using Pipe = PipeState<Tr::kStages>;
 
   // ---- producer (one thread) ----------------------------------------------
-  // The tile's Q block: with kSplitQ consumer warpgroup wg's 64 rows (on bar_q(wg)),
-  // otherwise all of it (on bar_q(0)); the tensor map's box matches
-  // (Tr::split_q: one chunk of 64 rows, else kChunks chunks of kBlockM rows).
-  template <bool kSplitQ>
-  __device__ static void load_q(const CUtensorMap* tm_q, const FwdSmem<Tr>& sm, const FwdTile& tile, int wg = 0) {
-    if constexpr (kSplitQ) {
-      hptx::mbar_arrive_expect_tx(sm.bar_q(wg), Tr::kQBytes / Tr::kConsumerWarpgroups);
-#pragma unroll
-      for (int c = 0; c < Tr::kChunks; ++c)
-        hptx::tma_load_5d(sm.q() + c * kBlockM * 128 + wg * 64 * 128, tm_q, sm.bar_q(wg), 0,
-                          tile.m_block * kBlockM + wg * 64, c, tile.head, tile.batch);
-    } else {
-      hptx::mbar_arrive_expect_tx(sm.bar_q(0), Tr::kQBytes);
-      hptx::tma_load_5d(sm.q(), tm_q, sm.bar_q(0), 0, tile.m_block * kBlockM, 0, tile.head, tile.batch);
-    }
+  // The tile's Q block (completes on bar_q).
+  __device__ static void load_q(const CUtensorMap* tm_q, const FwdSmem<Tr>& sm, const FwdTile& tile) {
+    hptx::mbar_arrive_expect_tx(sm.bar_q(), Tr::kQBytes);
+    hptx::tma_load_5d(sm.q(), tm_q, sm.bar_q(), 0, tile.m_block * kBlockM, 0, tile.head, tile.batch);
   }
 
   // Loads one tile: Q (unless q_issued: the masked kernels issue it before their key
   // range is known), then K / V block by block through the ring (`pipe` carries
   // the ring position from tile to tile). With a persistent grid (q_empty_phase >= 0)
-  // the first kPreloadKV K / V blocks go out before Q (Tr::preload_kv), and Q (kSplitQ:
-  // each warpgroup's part) once freed (q_empty).
-  template <bool kSplitQ = false, int kPreloadKV = Tr::kStages>
+  // the first kPreloadKV K / V blocks (Tr::preload_kv) go out before Q, whose buffer
+  // holds the previous tile's O, or is read by its S wgmma, until q_empty.
+  template <int kPreloadKV = Tr::kStages>
   __device__ static void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                  const FwdSmem<Tr>& sm, const FwdTile& tile, int kv_head, Pipe& pipe,
                                  int q_empty_phase = -1, bool q_issued = false) {
@@ -78,14 +65,9 @@ struct FwdMainloop {
     int n = tile.n_begin;
     if (q_empty_phase >= 0) {
       for (; n < tile.n_blocks && n < tile.n_begin + kPreloadKV; ++n) load_kv(n);
-#pragma unroll
-      for (int w = 0; w < (kSplitQ ? Tr::kConsumerWarpgroups : 1); ++w) {
-        hptx::mbar_wait(sm.bar_q_empty(w), (uint32_t)q_empty_phase ^ 1);
-        load_q<kSplitQ>(tm_q, sm, tile, w);
-      }
-    } else if (!q_issued) {
-      load_q<false>(tm_q, sm, tile);  // (kSplitQ: persistent grid only)
+      hptx::mbar_wait(sm.bar_q_empty(), (uint32_t)q_empty_phase ^ 1);
     }
+    if (!q_issued) load_q(tm_q, sm, tile);
     for (; n < tile.n_blocks; ++n) load_kv(n);
   }
 
@@ -153,9 +135,7 @@ struct FwdMainloop {
   // tile (no visible key) runs no block and leaves O = 0, lse = -inf. kReleaseQ
   // (persistent grid with Tr::kSeparateO): each warp arrives on q_empty once the
   // tile's last S wgmma has read Q, so the next tile's Q loads meanwhile.
-  // kSplitQ: this warpgroup's Q rows have their own barriers (bar_q(wg), bar_q_empty(wg)).
-  template <bool kCausal, bool kOverlap, bool kPingpong, bool kMasked = false, bool kReleaseQ = false,
-            bool kSplitQ = false>
+  template <bool kCausal, bool kOverlap, bool kPingpong, bool kMasked = false, bool kReleaseQ = false>
   __device__ static void consume(float (&o)[kORegs], OnlineSoftmax<kBlockN>& softmax, const FwdSmem<Tr>& sm,
                                  const FwdTile& tile, const FwdArgs& args, int wg, int tid, Pipe& pipe,
                                  uint32_t q_phase, const MaskView* mask_view = nullptr) {
@@ -164,7 +144,6 @@ struct FwdMainloop {
     const int wg_row0 = tile.m_block * kBlockM + wg * 64;  // first query row of this warpgroup
     const int row0 = wg_row0 + warp * 16 + g;               // this thread's h = 0 row
     const uint32_t q_rows = sm.q() + wg * 64 * 128;
-    const uint32_t bar_q = sm.bar_q(kSplitQ ? wg : 0), bar_q_empty = sm.bar_q_empty(kSplitQ ? wg : 0);
     const float sl2 = args.scale_log2;
     const int S = args.seqlen_k;
 
@@ -172,7 +151,7 @@ struct FwdMainloop {
     for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
     softmax.init();
     if (kMasked && tile.empty()) {  // (its Q load was issued before the range was known)
-      hptx::mbar_wait(bar_q, q_phase);
+      hptx::mbar_wait(sm.bar_q(), q_phase);
       return;
     }
     float s[kSRegs];
@@ -213,7 +192,7 @@ struct FwdMainloop {
       }
     };
 
-    hptx::mbar_wait(bar_q, q_phase);
+    hptx::mbar_wait(sm.bar_q(), q_phase);
     // Warpgroup 0 takes the first turn.
     if (kPingpong && wg == 1) hptx::named_bar_arrive(3, 256);
 
@@ -230,7 +209,7 @@ struct FwdMainloop {
         hptx::reg_fence_array(s);
         release(sm.bar_k_empty(pipe.stage), lane);
         mask(n);
-        if (kReleaseQ && n == tile.n_blocks - 1) release(bar_q_empty, lane);
+        if (kReleaseQ && n == tile.n_blocks - 1) release(sm.bar_q_empty(), lane);
         softmax.step(s, sl2, alpha);
         rescale_o(o, alpha);
         convert_p(s, p);
@@ -258,7 +237,7 @@ struct FwdMainloop {
       hptx::reg_fence_array(s);
       release(sm.bar_k_empty(pipe.stage), lane);
       mask(tile.n_begin);
-      if (kReleaseQ && tile.n_begin == tile.n_blocks - 1) release(bar_q_empty, lane);
+      if (kReleaseQ && tile.n_begin == tile.n_blocks - 1) release(sm.bar_q_empty(), lane);
       softmax.step(s, sl2, alpha);
       convert_p(s, p);
       Pipe prev = pipe;
@@ -279,7 +258,7 @@ struct FwdMainloop {
         hptx::reg_fence_array(s);
         release(sm.bar_k_empty(pipe.stage), lane);
         mask(n);
-        if (kReleaseQ && n == tile.n_blocks - 1) release(bar_q_empty, lane);
+        if (kReleaseQ && n == tile.n_blocks - 1) release(sm.bar_q_empty(), lane);
         softmax.step(s, sl2, alpha);
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(o);

@@ -15,24 +15,15 @@ struct FwdSmem {
   __device__ __forceinline__ uint32_t v(int s) const { return base + Tr::kOffV + s * Tr::kKVBytes; }
   // The epilogue's O staging: its own buffer (Tr::kSeparateO) or the Q tile.
   __device__ __forceinline__ uint32_t o() const { return Tr::kSeparateO ? base + Tr::kOffO : q(); }
-  // mbarriers: Q loaded (with Tr::split_q: consumer warpgroup wg's rows); K/V stage s
-  // full (TMA landed) / empty (both consumers done). Warpgroups >= 1's Q barriers come
-  // after the others, so the kernels with one Q barrier keep the layout they were
-  // measured with (session 13 run 3 saw H=256 non-causal -3% with them moved; not
-  // understood, so not risked).
-  __device__ __forceinline__ uint32_t bar_q(int wg = 0) const {
-    return base + Tr::kOffBar + (wg == 0 ? 0 : 8 * (1 + 4 * Tr::kStages) + 16 * wg - 8);
-  }
+  // mbarriers: Q loaded; K/V stage s full (TMA landed) / empty (both consumers done).
+  __device__ __forceinline__ uint32_t bar_q() const { return base + Tr::kOffBar; }
   __device__ __forceinline__ uint32_t bar_k_full(int s) const { return bar_q() + 8 * (1 + s); }
   __device__ __forceinline__ uint32_t bar_k_empty(int s) const { return bar_q() + 8 * (1 + Tr::kStages + s); }
   __device__ __forceinline__ uint32_t bar_v_full(int s) const { return bar_q() + 8 * (1 + 2 * Tr::kStages + s); }
   __device__ __forceinline__ uint32_t bar_v_empty(int s) const { return bar_q() + 8 * (1 + 3 * Tr::kStages + s); }
-  // Persistent grid: the Q tile (Tr::split_q: warpgroup wg's rows) is free for the
-  // next tile (after the epilogue's O staging has been read; with Tr::kSeparateO,
-  // after the last S wgmma).
-  __device__ __forceinline__ uint32_t bar_q_empty(int wg = 0) const {
-    return base + Tr::kOffBar + 8 * (1 + 4 * Tr::kStages) + 16 * wg;
-  }
+  // Persistent grid: the Q tile is free for the next tile (after the epilogue's O
+  // staging has been read; with Tr::kSeparateO, after the tile's last S wgmma).
+  __device__ __forceinline__ uint32_t bar_q_empty() const { return bar_q() + 8 * (1 + 4 * Tr::kStages); }
 };
 
 // Position in the K/V ring: the stage, and the parity of its current fill.

@@ -15,14 +15,11 @@ namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; every tile is 128B-swizzled and
 // stored as kChunks column chunks of 64 elements, each chunk [rows][64]):
-//   Q  [kChunks][kBlockM][64]          (reused for O in the epilogue, unless kSeparateO;
-//                                       with split_q, warpgroup w's rows 64 w .. 64 w + 63
-//                                       load on q_full[w] and are freed by q_empty[w],
-//                                       otherwise the whole tile uses q_full[0] / q_empty[0])
+//   Q  [kChunks][kBlockM][64]          (reused for O in the epilogue, unless kSeparateO)
 //   K  [kStages][kChunks][kBlockN][64]
 //   V  [kStages][kChunks][kBlockN][64]
 //   O  [kChunks][kBlockM][64]          (kSeparateO only)
-//   mbarriers: q_full[w], k_full[s], k_empty[s], v_full[s], v_empty[s], q_empty[w]
+//   mbarriers: q_full, k_full[s], k_empty[s], v_full[s], v_empty[s], q_empty
 // kConsumerWarpgroups = 2 (128-row tiles) everywhere; 3 (192-row tiles, 160 registers
 // per consumer thread) fits at head dim 64 only (O 32 + S 64 + P 32 registers).
 // kBlockN_: keys per block (0: 128 at head dims 64 / 128, 64 at 256); FwdVariant::kWideKeys
@@ -60,36 +57,23 @@ struct FwdTraits {
   // not at 256 or with 176-key blocks. (A second Q buffer, so that the next tile's Q
   // loads a whole tile ahead, measured -12 to +3% at H=64 and -3 to +3% at H=128 in
   // session 12 and was not kept.)
-  static constexpr int kNumBars = 2 * kConsumerWarpgroups + 4 * kStages;
-  static constexpr bool kSeparateO = kOffV + kStages * kKVBytes + kQBytes + 1024 + kNumBars * 8 <= 227 * 1024;
+  static constexpr bool kSeparateO = kOffV + kStages * kKVBytes + kQBytes + 1024 + 128 <= 227 * 1024;
   static constexpr int kOffO = kOffV + kStages * kKVBytes;  // (kSeparateO only)
   static constexpr int kOffBar = kOffO + (kSeparateO ? kQBytes : 0);
-  // Persistent grid, the next tile's Q: q_early() loads it before the next tile's
-  // late K / V blocks, split_q() as one part per consumer warpgroup, each on its own
-  // full / empty barriers (the Q box is then one chunk of 64 rows; the shared layout
-  // and the wgmma descriptors are the same), so the warpgroup ahead in the pingpong
-  // gets its rows after its own last S rather than the other's.
-  // Why early: block j of the next tile reuses the stage of block n_blocks - kStages + j
-  // of this one, free once both warpgroups' PV of that block is done, which is before
-  // their last S (which frees Q, kSeparateO) only for j < kStages - 2; loading all
-  // kStages blocks first held the next Q until warpgroup 1's last PV. Without the O
-  // buffer Q holds the previous O until its store has read it, so K / V go first.
-  // Chosen by measurement (H200, session 13 run 2, standalone, early + split against
-  // HEAD): H=64 +4 / +3% non-causal and +6 / +6% causal at T = 1K / 2K (+-2% at 16K),
-  // H=128 causal +3 / +2 / +1 / 0% (T = 1K / 2K / 4K / 16K); H=128 non-causal lost 1-3%
-  // and keeps the old order.
-  static constexpr bool q_early(bool causal, bool persistent) {
-    return persistent && kSeparateO && (kHeadDim == 64 || causal);
-  }
-  static constexpr bool split_q(bool causal, bool persistent) {
-#ifdef JAXATTN_EXP_FWD_NO_SPLIT_Q  // (measurement switch: early order, one Q barrier)
-    return false;
-#else
-    return q_early(causal, persistent);
-#endif
-  }
+  static constexpr int kNumBars = 2 + 4 * kStages;
+  // Persistent grid: the K / V blocks of the next tile the producer loads before the
+  // next tile's Q. Block j of the next tile reuses the stage of block n_blocks - kStages
+  // + j of this one, free once both warpgroups' PV of that block is done, which is
+  // before their last S (which frees Q, kSeparateO) only for j < kStages - 2. Loading
+  // all kStages blocks first held the next Q until warpgroup 1's last PV of the tile.
+  // Without the O buffer Q holds the previous O until its store has read it, so K / V
+  // go first. Chosen by measurement (H200, session 13 runs 2-3, standalone, against
+  // all-first): H=64 +3 / +5 / +3 / +1% non-causal and +4 / +7 / +1 / 0% causal (T =
+  // 1K / 2K / 4K / 16K), H=128 causal +3 / 0 / +1 / +1%; H=128 non-causal -4 to +1%,
+  // so it keeps all-first. (One Q barrier per consumer warpgroup on top, so the one
+  // ahead in the pingpong gets its rows after its own last S, measured the same.)
   static constexpr int preload_kv(bool causal, bool persistent) {
-    return q_early(causal, persistent) ? (kStages > 2 ? kStages - 2 : 0) : kStages;
+    return persistent && kSeparateO && (kHeadDim == 64 || causal) ? (kStages > 2 ? kStages - 2 : 0) : kStages;
   }
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
