@@ -254,6 +254,12 @@ static std::vector<Case> check_cases(bool quick) {
     cs.push_back({1, 129, 1000, 2, 1, 256, true, causal});
     cs.push_back({1, 1000, 129, 2, 2, 256, false, causal});
     cs.push_back({1, 7, 2049, 4, 1, 256, true, causal});
+    // More tiles than an H200 has SMs (288 / 144): every persistent CTA runs several,
+    // so the tile boundary (the next tile's Q and K / V order, the ring and the Q
+    // phase carried across tiles, odd M for the causal pairs) is checked too.
+    cs.push_back({4, 260, 260, 24, 6, 64, true, causal});
+    cs.push_back({4, 260, 260, 24, 6, 128, false, causal});
+    cs.push_back({2, 260, 260, 24, 6, 256, true, causal});
   }
   return cs;
 }
