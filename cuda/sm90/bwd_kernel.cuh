@@ -77,6 +77,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
         hptx::mbar_init(sm.bar_dq_empty(wg), 1);
       }
     }
+    if constexpr (Tr::kSkewDq) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        hptx::mbar_init(sm.bar_ds_full(b), 4 * Tr::kConsumerWarpgroups);
+        hptx::mbar_init(sm.bar_ds_empty(b), 4 * Tr::kConsumerWarpgroups);
+      }
+    }
     hptx::mbar_init_fence();
     // K / V do not depend on the query range: with masks their loads go out before
     // it is computed, so the two latencies overlap instead of adding up.

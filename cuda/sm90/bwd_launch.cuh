@@ -17,10 +17,13 @@
 namespace jaxattn::sm90 {
 
 // The variant flash_bwd_sm90 uses (kDefault), from H200 measurements.
-// Pingpong wins 1-5% at head dim 64 and lost up to 7% at 128 (session 5, lse / D
-// prefetched at every head dim), so only head dim 64 has it.
-inline BwdVariant default_bwd_variant(int head_dim) {
-  return head_dim == 64 ? BwdVariant::kPingpong : BwdVariant::kSplitHeadDim;
+// Pingpong wins 1-5% at head dim 64 over the split with the mid-step barrier and
+// lost up to 7% at 128 (session 5), so only head dim 64 has it. With dQ one step
+// late (BwdTraits::kSkewDq, split only) the split beats it at head dim 64 causal
+// (+4-5% at T = 4K / 16K, -2% at 1K) and loses non-causal (-3 to -8%): session 14.
+// Masked calls keep the pingpong at 64 (not measured with the late dQ).
+inline BwdVariant default_bwd_variant(int head_dim, bool causal) {
+  return head_dim == 64 && !causal ? BwdVariant::kPingpong : BwdVariant::kSplitHeadDim;
 }
 
 template <class Tr>
@@ -80,7 +83,7 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
 
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant variant) {
-  if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim);
+  if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim, p.is_causal && !p.has_masks());
   if constexpr (kHeadDim == 64) {
     if (variant == BwdVariant::kPingpong) return launch_bwd<BwdTraits<kHeadDim, Elem, true>>(p, stream);
   }

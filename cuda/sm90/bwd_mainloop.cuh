@@ -9,6 +9,8 @@
 //   3. dV += P^T dO issued at once (A from registers); dS^T written to smem; one
 //      barrier of both consumer warpgroups; then dQ = dS K (A: dS^T MN-major from
 //      smem, this warpgroup's half of the head dim) and dK += dS^T Q.
+//      Tr::kSkewDq: no barrier; the dQ issued here is the previous step's (its dS^T
+//      ring slot full), and the last step's dQ follows the loop.
 //   4. dQ (f32) staged in smem and added to the global accumulator by one thread
 //      with a TMA reduce-add, while dK's wgmma finishes.
 // Query rows >= T arrive as zeros (TMA fill) and get lse = +inf, D = 0, so their
@@ -365,6 +367,31 @@ struct BwdMainloop {
     }
   }
 
+  // This warpgroup's dQ tile (registers, its wgmma done) into its staging and on to
+  // the global accumulator: through the dQ warp (Tr::kDqWarp; dq_index counts the
+  // tile's dQ tiles) or by one thread's reduce-add after the warpgroup's writes.
+  __device__ __forceinline__ static void stage_dq(const float (&dq)[kDqRegs], const CUtensorMap* tm_dq,
+                                                  const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args,
+                                                  int head, int q_base, int wg, int tid, int dq_index) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const uint32_t dq_stage = sm.dq(wg);
+    if constexpr (Tr::kDqWarp) {
+      // The dQ warp has read the previous tile's staging; write, publish, go on.
+      hptx::mbar_wait(sm.bar_dq_empty(wg), (uint32_t)(dq_index & 1) ^ 1u);
+      store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+      hptx::fence_proxy_async_smem();
+      hptx::mbar_arrive(sm.bar_dq_full(wg));
+    } else {
+      if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
+      hptx::named_bar_sync(2 + wg, 128);
+      store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+      hptx::fence_proxy_async_smem();
+      hptx::named_bar_sync(2 + wg, 128);
+      if (tid == 0) add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
+    }
+    (void)lane;
+  }
+
   // ---- consumer: every step of a tile -------------------------------------------
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127). kMasked: the
   // mask is `mask_view` (shared memory; the causal mask is part of it, kCausal false).
@@ -406,6 +433,7 @@ struct BwdMainloop {
     const int n_steps = tile.steps(args.group);
     if (wg == 1 && n_steps > 0) pass_turn(wg);
     int step = 0;
+    int prev_head = 0, prev_q_base = 0;  // (kSkewDq) the step whose dQ is issued next
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
       for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
@@ -452,17 +480,33 @@ struct BwdMainloop {
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
 
-        // dV += P^T dO now; dS^T to smem for dQ (both warpgroups' halves: one barrier).
+        // dV += P^T dO now; dS^T to smem for dQ (both warpgroups' halves).
         hptx::wgmma_fence();
         issue_acc_rs<kAdd>(dv, p, do_tile);
         hptx::wgmma_commit();
-        store_packed_sw128<kBlockM>(ds, sm.ds(ds_buf) + wg * 64 * 128, 0, warp * 16 + g, t);
+        const int slot = Tr::kSkewDq ? step & 1 : ds_buf;
+        const int dq_step = step > 0 ? step - 1 : 0;  // (kSkewDq) the step whose dQ this one computes
+        if constexpr (Tr::kSkewDq) {
+          // Slot reuse: both warpgroups' dQ of step - 2 have read it.
+          if (step >= 2) hptx::mbar_wait(sm.bar_ds_empty(slot), ((step >> 1) - 1) & 1);
+        }
+        store_packed_sw128<kBlockM>(ds, sm.ds(slot) + wg * 64 * 128, 0, warp * 16 + g, t);
         hptx::fence_proxy_async_smem();
-        hptx::named_bar_sync(1, 256);
+        if constexpr (Tr::kSkewDq) {
+          __syncwarp();
+          if (lane == 0) hptx::mbar_arrive(sm.bar_ds_full(slot));
+          // The previous step's dS^T (the other warpgroup wrote its half a step ago).
+          // Step 0 has none: it computes a dQ of its own dS^T and drops it (a wgmma
+          // behind a branch made ptxas keep dQ live across the loop: 68-490 bytes of
+          // spills at H=128).
+          hptx::mbar_wait(sm.bar_ds_full(dq_step & 1), (dq_step >> 1) & 1);
+        } else {
+          hptx::named_bar_sync(1, 256);
+        }
 
         take_turn(wg);
         hptx::wgmma_fence();
-        issue_dq<kAdd>(dq, sm.ds(ds_buf), sm.k(), wg);
+        issue_dq<kAdd>(dq, sm.ds(Tr::kSkewDq ? dq_step & 1 : slot), sm.k(), wg);
         hptx::wgmma_commit();
         issue_acc_rs<kAdd>(dk, ds, q_tile);
         hptx::wgmma_commit();
@@ -472,20 +516,16 @@ struct BwdMainloop {
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(dq);
         hptx::reg_fence_array(p);  // keeps P^T's registers (dV's A operand) live until here
-        const uint32_t dq_stage = sm.dq(wg);
-        if constexpr (Tr::kDqWarp) {
-          // The dQ warp has read the previous step's staging; write, publish, go on.
-          hptx::mbar_wait(sm.bar_dq_empty(wg), (uint32_t)(step & 1) ^ 1u);
-          store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
-          hptx::fence_proxy_async_smem();
-          hptx::mbar_arrive(sm.bar_dq_full(wg));
+        if constexpr (Tr::kSkewDq) {
+          if (step >= 1) {
+            __syncwarp();
+            if (lane == 0) hptx::mbar_arrive(sm.bar_ds_empty(dq_step & 1));
+            stage_dq(dq, tm_dq, sm, tile, args, prev_head, prev_q_base, wg, tid, step - 1);
+          }
+          prev_head = head;
+          prev_q_base = q_base;
         } else {
-          if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
-          hptx::named_bar_sync(2 + wg, 128);
-          store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
-          hptx::fence_proxy_async_smem();
-          hptx::named_bar_sync(2 + wg, 128);
-          if (tid == 0) add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
+          stage_dq(dq, tm_dq, sm, tile, args, head, q_base, wg, tid, step);
         }
 
         hptx::wgmma_wait<0>();
@@ -495,6 +535,19 @@ struct BwdMainloop {
         release(sm.bar_q_empty(pipe.stage), lane);
         pipe.advance();
         ds_buf ^= 1;
+      }
+    }
+    if constexpr (Tr::kSkewDq) {
+      // The last step's dQ.
+      if (n_steps > 0) {
+        const int last = n_steps - 1;
+        hptx::mbar_wait(sm.bar_ds_full(last & 1), (last >> 1) & 1);
+        hptx::wgmma_fence();
+        issue_dq<kAdd>(dq, sm.ds(last & 1), sm.k(), wg);
+        hptx::wgmma_commit();
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(dq);
+        stage_dq(dq, tm_dq, sm, tile, args, prev_head, prev_q_base, wg, tid, last);
       }
     }
   }

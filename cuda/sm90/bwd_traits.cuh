@@ -45,10 +45,11 @@ namespace jaxattn::sm90 {
 //   dQ staging [2 warpgroups][kDqCols/32 chunks][kBlockM][32 floats] (not wide)
 //   row stats [kStages][2][kBlockM] f32: the step's lse * log2(e) (+inf for rows
 //     past T or with no key) and D, written by the producer warp with each Q / dO stage
-//   mbarriers: kv_full, q_full[s], q_empty[s]
+//   mbarriers: kv_full, q_full[s], q_empty[s] (+ dq_full[wg], dq_empty[wg]; + ds_full[2], ds_empty[2])
 //   masked kernels: the MaskView, 2 ints of reduction scratch
 // dQ = dS K is split by head dim: each warpgroup computes half of the columns over all
-// 128 keys, so it needs the other's dS^T half (a barrier of both warpgroups every step).
+// 128 keys, so it needs the other's dS^T half (a barrier of both warpgroups every step, or, with
+// kSkewDq, a step later through a two-slot ring).
 // (Splitting by keys instead, each warpgroup all columns over its own 64 keys, ran
 // 2-5% slower at head dim 64 in sessions 3 and 5 and was removed.)
 // kPingpong (head dim 64): the consumer warpgroups take turns issuing their wgmma
@@ -105,7 +106,18 @@ struct BwdTraits {
   static constexpr int kStatsBytes = 2 * kBlockM * 4;  // per stage: lse_log2[kBlockM], D[kBlockM]
   static constexpr int kOffStats = kOffDq + kConsumerWarpgroups * kDqWgBytes;
   static constexpr int kOffBar = kOffStats + kStages * kStatsBytes;
-  static constexpr int kNumBars = 1 + 2 * kStages + (kDqWarp ? 2 * kConsumerWarpgroups : 0);
+  // dQ one step late (kSkewDq; not wide, not pingpong): step m issues the dQ of step
+  // m - 1, whose dS^T halves (both warpgroups') are already in shared memory, so
+  // neither warpgroup waits at a named barrier for the other's P / dS phase of the
+  // same step; the dS^T tiles are a two-slot ring between the warpgroups (ds_full /
+  // ds_empty mbarriers). H200, session 14 run 1, standalone, against the barrier:
+  // H=128 -1 / 0 / +2% non-causal (T = 1K / 4K / 16K), 0 / +3 / +0.5% causal; H=64
+  // split causal +4 / +12 / +13% (ahead of the pingpong, which it now replaces for
+  // causal H=64). With the pingpong it lost 3-5% at H=64 and gained 0-2% at H=128
+  // (pingpong at 128), so the pingpong keeps the barrier.
+  static constexpr bool kSkewDq = !kWide && !kPingpong;
+  static constexpr int kNumBars =
+      1 + 2 * kStages + (kDqWarp ? 2 * kConsumerWarpgroups : 0) + (kSkewDq ? 4 : 0);
   // Arrivals that free a Q / dO stage: one per consumer warp; wide: one per
   // warpgroup, after its dQ reduce-add has read the staging it put there.
   static constexpr int kQEmptyArrivals = kWide ? kConsumerWarpgroups : 4 * kConsumerWarpgroups;
@@ -172,6 +184,12 @@ struct BwdSmem {
   __device__ __forceinline__ uint32_t bar_dq_empty(int wg) const {
     return bar_kv() + 8 * (1 + 2 * Tr::kStages + Tr::kConsumerWarpgroups + wg);
   }
+  // (Tr::kSkewDq) dS^T slot b written by every consumer warp (8 arrivals) / read by
+  // both warpgroups' dQ wgmma (8 arrivals).
+  __device__ __forceinline__ uint32_t bar_ds_full(int b) const {
+    return bar_kv() + 8 * (1 + 2 * Tr::kStages + (Tr::kDqWarp ? 2 * Tr::kConsumerWarpgroups : 0) + b);
+  }
+  __device__ __forceinline__ uint32_t bar_ds_empty(int b) const { return bar_ds_full(b) + 16; }
 };
 
 // The work of one CTA: key block n_block of (batch, kv_head), and the query blocks
