@@ -378,13 +378,13 @@ struct BwdMainloop {
     if constexpr (Tr::kDqWarp) {
       // The dQ warp has read the previous tile's staging; write, publish, go on.
       hptx::mbar_wait(sm.bar_dq_empty(wg), (uint32_t)(dq_index & 1) ^ 1u);
-      store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+      store_acc_f32_sw128<Tr::kDqCols, Tr::kDqStoreSpread>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
       hptx::fence_proxy_async_smem();
       hptx::mbar_arrive(sm.bar_dq_full(wg));
     } else {
       if (tid == 0) hptx::bulk_wait_read0();  // the previous reduce has read the staging tile
       hptx::named_bar_sync(2 + wg, 128);
-      store_acc_f32_sw128<Tr::kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+      store_acc_f32_sw128<Tr::kDqCols, Tr::kDqStoreSpread>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
       hptx::fence_proxy_async_smem();
       hptx::named_bar_sync(2 + wg, 128);
       if (tid == 0) add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);

@@ -80,6 +80,11 @@ struct BwdTraits {
   // x 384 (__launch_bounds__(384, 1)) = 64512, not the whole 64K file: 128 x 24 + 256 x
   // 240 fills it exactly. The dQ warp's loop needs 32, so its consumers get 232
   // (128 x 32 + 256 x 240 was 1024 over: setmaxnreg.inc waited forever, session 7).
+  // The dQ staging stores without bank conflicts (store_acc_f32_sw128's kSpread). H200,
+  // session 14 run 6, standalone: H=128 +5 / +4 / +6.5% non-causal (T = 1K / 4K /
+  // 16K), +2 / +5.5 / +6.5% causal; H=64 0 to +2% non-causal but -2 / -3 / -3% causal,
+  // H=256 causal -0 / -2 / -3% (the selects cost more there than the conflicts did).
+  static constexpr bool kDqStoreSpread = kHeadDim == 128;
   static constexpr int kProducerRegs = kDqWarp ? 32 : 24;
   static constexpr int kConsumerRegs = kDqWarp ? 232 : 240;
   static_assert((kProducerRegs + kConsumerWarpgroups * kConsumerRegs) * 128 <= 168 * 384, "register pool");

@@ -44,20 +44,31 @@ __device__ __forceinline__ void store_acc_sw128(const float (&acc)[kCols / 2], c
 }
 
 // f32 accumulator tile -> f32 chunked tile (32-element chunks), unscaled.
-template <int kCols>
+// A warp's 8-byte stores go out by half warps (rows g = 0..3 or 4..7, 32 bytes each):
+// with every row writing its columns 8 j + 2 t, + 1 at the same j, rows g and g ^ 1
+// hit the same two 16-byte units (the swizzle XORs the unit with the row), a 2-way
+// bank conflict on every store (run 5 of session 14: 24% of the backward's shared
+// store wavefronts). With kSpread, odd rows write the column group j ^ 2 (same
+// 32-column chunk) when even rows write j: the four rows of a half warp then cover all
+// eight units, at the cost of a select per value.
+template <int kCols, bool kSpread = false>
 __device__ __forceinline__ void store_acc_f32_sw128(const float (&acc)[kCols / 2], uint32_t rows_addr,
                                                     uint32_t chunk_stride, int row, int t) {
+  static_assert(kCols % 32 == 0, "whole 32-column chunks");
+  const bool odd = kSpread && (row & 1);
+  const uint32_t flip = odd ? 2u : 0u;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row + 8 * h;
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
-      // Columns 8 j + 2 t, + 1: chunk j / 4, unit 2 (j % 4) + t / 2, byte 8 (t % 2).
-      const uint32_t unit = 2 * (j % 4) + t / 2;
+      // Columns 8 jj + 2 t, + 1 (jj = j ^ flip): chunk j / 4, unit 2 (jj % 4) + t / 2, byte 8 (t % 2).
+      const uint32_t unit = ((2 * (j % 4)) ^ (2 * flip)) + t / 2;
       const uint32_t addr = rows_addr + (j / 4) * chunk_stride + r * 128 + ((unit ^ (r % 8)) * 16) + 8 * (t % 2);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[4 * j + 2 * h]),
-                   "f"(acc[4 * j + 2 * h + 1])
-                   : "memory");
+      const int jo = j ^ 2;  // (compile-time) the column group odd rows write at this j
+      const float x = odd ? acc[4 * jo + 2 * h] : acc[4 * j + 2 * h];
+      const float y = odd ? acc[4 * jo + 2 * h + 1] : acc[4 * j + 2 * h + 1];
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
     }
   }
 }
