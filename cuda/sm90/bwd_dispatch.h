@@ -11,8 +11,8 @@ namespace jaxattn::sm90 {
 
 // Schedules of the Hopper backward: kSplitHeadDim issues each step's dQ one step late
 // (BwdTraits::kSkewDq; head dims 64 / 128); kPingpong (head dim 64; elsewhere the same
-// as kSplitHeadDim) keeps dQ in its step and has the two consumer warpgroups take turns issuing their wgmma
-// bursts. kDefault: the measured best (see default_bwd_variant).
+// as kSplitHeadDim) keeps dQ in its step and has the two consumer warpgroups take
+// turns issuing their wgmma bursts. kDefault: the measured best (see default_bwd_variant).
 enum class BwdVariant : int { kSplitHeadDim = 0, kPingpong = 1, kDefault = 2 };
 constexpr int kNumBwdVariants = 2;  // the explicit ones
 

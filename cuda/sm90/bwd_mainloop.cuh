@@ -389,7 +389,6 @@ struct BwdMainloop {
       hptx::named_bar_sync(2 + wg, 128);
       if (tid == 0) add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
     }
-    (void)lane;
   }
 
   // ---- consumer: every step of a tile -------------------------------------------
