@@ -70,7 +70,14 @@ struct BwdTraits {
   // reduce-add), so no consumer waits on a named barrier for it: +2-7% (session 7,
   // same run: T=16K 384 -> 410 non-causal, 373 -> 386 causal). At 128 it costs the
   // consumers 8 registers (below) and lost 13-15%; 256 (wide) has its own path.
+  // (Prepared, not yet measured: -DJAXATTN_EXP_BWD_DQ_WARP24 gives H=128 the dQ warp
+  // with the producer warpgroup at 24 registers, so its consumers keep 240: the
+  // producer and dQ warp spill 12-28 bytes, the consumers nothing; docs/perf.md.)
+#ifdef JAXATTN_EXP_BWD_DQ_WARP24
+  static constexpr bool kDqWarp = kHeadDim <= 128;
+#else
   static constexpr bool kDqWarp = kHeadDim == 64;
+#endif
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
   // (3 stages: same speed at head dim 64 (session 5) and -1 to +0.3% at 128 (session 9).)
@@ -85,8 +92,13 @@ struct BwdTraits {
   // 16K), +2 / +5.5 / +6.5% causal; H=64 0 to +2% non-causal but -2 / -3 / -3% causal,
   // H=256 causal -0 / -2 / -3% (the selects cost more there than the conflicts did).
   static constexpr bool kDqStoreSpread = kHeadDim == 128;
+#ifdef JAXATTN_EXP_BWD_DQ_WARP24
+  static constexpr int kProducerRegs = kHeadDim == 64 ? 32 : 24;
+  static constexpr int kConsumerRegs = kHeadDim == 64 ? 232 : 240;
+#else
   static constexpr int kProducerRegs = kDqWarp ? 32 : 24;
   static constexpr int kConsumerRegs = kDqWarp ? 232 : 240;
+#endif
   static_assert((kProducerRegs + kConsumerWarpgroups * kConsumerRegs) * 128 <= 168 * 384, "register pool");
 
   static constexpr int kChunks = kHeadDim / 64;
