@@ -92,13 +92,9 @@ struct BwdTraits {
   // 16K), +2 / +5.5 / +6.5% causal; H=64 0 to +2% non-causal but -2 / -3 / -3% causal,
   // H=256 causal -0 / -2 / -3% (the selects cost more there than the conflicts did).
   static constexpr bool kDqStoreSpread = kHeadDim == 128;
-#ifdef JAXATTN_EXP_BWD_DQ_WARP24
-  static constexpr int kProducerRegs = kHeadDim == 64 ? 32 : 24;
-  static constexpr int kConsumerRegs = kHeadDim == 64 ? 232 : 240;
-#else
-  static constexpr int kProducerRegs = kDqWarp ? 32 : 24;
-  static constexpr int kConsumerRegs = kDqWarp ? 232 : 240;
-#endif
+  // (The prepared H=128 dQ warp keeps the producer warpgroup at 24.)
+  static constexpr int kProducerRegs = kDqWarp && kHeadDim == 64 ? 32 : 24;
+  static constexpr int kConsumerRegs = kDqWarp && kHeadDim == 64 ? 232 : 240;
   static_assert((kProducerRegs + kConsumerWarpgroups * kConsumerRegs) * 128 <= 168 * 384, "register pool");
 
   static constexpr int kChunks = kHeadDim / 64;
