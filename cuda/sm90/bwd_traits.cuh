@@ -78,6 +78,16 @@ struct BwdTraits {
 #else
   static constexpr bool kDqWarp = kHeadDim == 64;
 #endif
+  // Wide, unmasked: warpgroup 0 computes S^T and warpgroup 1 dP^T, each for all 64
+  // query columns (wgmma N = 64), instead of both for 32 columns each (N = 32): the
+  // two products read 128 KB of shared memory per step instead of 192 KB. Warpgroup 1
+  // reads P^T back (16-bit) for dS^T, which it computes while dV's wgmmas run
+  // (bwd_mainloop_wide.cuh). (Prepared: -DJAXATTN_EXP_BWD_WIDE_SPLIT.)
+#ifdef JAXATTN_EXP_BWD_WIDE_SPLIT
+  static constexpr bool kWideSplitProducts = kWide;
+#else
+  static constexpr bool kWideSplitProducts = false;
+#endif
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
   // (3 stages: same speed at head dim 64 (session 5) and -1 to +0.3% at 128 (session 9).)

@@ -27,12 +27,14 @@
 //   --quick: a few small cases, no benchmark (for compute-sanitizer).
 //   --fast: check only the default ("v2new"), kV2Short and kV2ShortLong.
 //   --sweep: also time forced split counts on the short rows.
+//   --row B L: bench that issue-9 row only, no check (for a profiler).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -358,6 +360,7 @@ static void time_round_robin(std::vector<CallTimer>& timers, double bytes, int r
 // through a shuffled page table (the bar) and, for two columns, as a
 // contiguous cache [B, L, K, H] (the same bytes, no page table).
 static bool g_sweep = false;  // --sweep: forced split counts on the short rows
+static int g_only_B = 0, g_only_L = 0;  // --row B L: bench that row only (profiling)
 
 static void bench(double peak) {
   const int N = 32, K = 8, H = 128, ps = 64;
@@ -390,6 +393,7 @@ static void bench(double peak) {
   std::vector<std::string> sweep;
   for (int B : {16, 32, 64}) {
     for (int L : {4096, 16384, 65536}) {
+      if (g_only_B && (B != g_only_B || L != g_only_L)) continue;
       DecodeCase c{B, 1, N, K, H, L, ps, true};
       const int max_pages = L / ps, num_pages = B * max_pages;
       Call call = make_call(c, ps, max_pages, num_pages);
@@ -465,6 +469,11 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--bench-only")) do_check = false, do_bench = true;
     if (!std::strcmp(argv[i], "--fast")) fast = true;
     if (!std::strcmp(argv[i], "--sweep")) g_sweep = true;
+    if (!std::strcmp(argv[i], "--row") && i + 2 < argc) {
+      g_only_B = std::atoi(argv[i + 1]);
+      g_only_L = std::atoi(argv[i + 2]);
+      do_check = false;
+    }
   }
   std::vector<DecodeCase> cases;
   if (quick) {
