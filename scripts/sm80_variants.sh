@@ -10,7 +10,14 @@
 #
 # Usage: scripts/sm80_variants.sh   (from anywhere; about 90 s on 16 cores + H200)
 # Env: NVCC, ARCH (90), BUILD (build/sm80_variants), ONLY (space-separated
-#      binary names to build and run; default all), OUT (logs copied there).
+#      binary names to build and run; default all), OUT (logs copied there),
+#      JOBS (parallel nvcc, default nproc).
+#      BUILD_ONLY=1: stop after building; strip the binaries and pack them with
+#      the ptxas logs into $BUILD.tar.xz (to carry to the GPU machine).
+#      RUN_ONLY=1: no build; unpack $BUILD.tar.xz (when present) and run the
+#      checks and timings of the binaries in it (ONLY selects among them).
+#   e.g. here:  BUILD_ONLY=1 ONLY="base s1 s2 s3" scripts/sm80_variants.sh
+#        there: RUN_ONLY=1 ONLY="base s1 s2 s3" scripts/sm80_variants.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,12 +54,22 @@ FV_FILES=(fwd_hdim64 fwd_hdim128 fwd_hdim256)
 #          through smem, dK / dV 32 keys x H/2 per warp (BwdTile kPair).
 #   bpairv4  bpair + dQ added with 16-byte reductions (red.global.add.v4.f32 after a lane
 #          swap: half the reduction instructions); H = 256 gets the v4 reductions alone.
+#   bstag  H = 128 (pairs): warps 4-7 add dQ of the previous step at the end of a step, warps
+#          0-3 at its start (JAXATTN_BWD_STAGGER: the two warps of each SM sub-partition are
+#          half a phase apart, so one issues MMAs while the other is in exp / dS / atomics).
+#   blean  H = 128 (pairs): branch-free dQ reductions for full query blocks (JAXATTN_BWD_LEAN_DQ).
+#   bstaglean  both.
 P1="-DJAXATTN_BWD_PAIR=1"
 V4="-DJAXATTN_BWD_DQ_V4=1"
+STAG="-DJAXATTN_BWD_STAGGER=1"
+LEAN="-DJAXATTN_BWD_LEAN_DQ=1"
 declare -A BV=(
   [bbase]="|||"
   [bpair]="$P1|$P1|$P1|"
   [bpairv4]="$P1 $V4|$P1 $V4|$P1 $V4|$V4"
+  [bstag]="||$STAG|"
+  [blean]="||$LEAN|"
+  [bstaglean]="||$STAG $LEAN|"
 )
 BV_FILES=(bwd_hdim64 bwd_hdim96 bwd_hdim128 bwd_hdim256)
 # Binaries: name fwd-variant bwd-variant.
@@ -63,13 +80,31 @@ BINS=(
   "v3 f8wdb bpair"
   "v4 fmix bpairv4"
   "v5 fpipe bpair"
+  "s1 fbase bstag"
+  "s2 fbase blean"
+  "s3 fbase bstaglean"
 )
 ONLY=${ONLY:-}
 
 pids=()
+BUILD_ONLY=${BUILD_ONLY:-0}
+RUN_ONLY=${RUN_ONLY:-0}
+ARCHIVE="$BUILD.tar.xz"
+if [ "$RUN_ONLY" = 1 ]; then
+  if [ -f "$ARCHIVE" ]; then tar -xJf "$ARCHIVE" -C "$BUILD" || { echo "cannot unpack $ARCHIVE"; exit 1; }; fi
+  run_bins=()
+  for b in "${BINS[@]}"; do
+    set -- $b
+    [ -n "$ONLY" ] && [[ " $ONLY " != *" $1 "* ]] && continue
+    if [ -x "$BUILD/bin_$1" ]; then run_bins+=("$b"); else echo "no binary $BUILD/bin_$1 (skipped)"; fi
+  done
+  [ ${#run_bins[@]} = 0 ] && { echo "nothing to run"; exit 1; }
+else
+JOBS=${JOBS:-$(nproc)}  # (at most this many nvcc at once)
 compile() {  # compile SRC OBJ [flags...] in the background
   local src=$1 obj=$2
   shift 2
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
   "$NVCC" "${FLAGS[@]}" "$@" -Xcompiler -fopenmp -c "$src" -o "$obj" >"$obj.log" 2>&1 &
   pids+=($!)
 }
@@ -142,6 +177,7 @@ for pid in "${pids[@]}"; do wait "$pid" || fail=1; done
 pids=()
 [ $fail = 1 ] && { echo "LINK FAILED"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
+fi  # (RUN_ONLY)
 
 echo "== ptxas: spills / stack frames (none expected)"
 cat "$BUILD"/*.o.log "$BUILD"/*/*.o.log | grep -E "stack frame|spill" |
@@ -153,6 +189,21 @@ for log in "$BUILD"/*/*.o.log; do
     awk -v f="$(basename "$(dirname "$log")")/$(basename "${log%.o.log}")" '{print f, $3}' | sort | uniq -c |
     awk '{printf "  %-24s %s regs x%d\n", $2, $3, $1}'
 done
+
+if [ "$BUILD_ONLY" = 1 ]; then
+  names=()
+  for b in "${run_bins[@]}"; do
+    set -- $b
+    strip "$BUILD/bin_$1" 2>/dev/null || true
+    names+=("bin_$1")
+  done
+  logs=$(cd "$BUILD" && ls *.o.log */*.o.log 2>/dev/null)
+  # shellcheck disable=SC2086
+  tar -cJf "$ARCHIVE" -C "$BUILD" "${names[@]}" $logs || { echo "PACKING FAILED"; exit 1; }
+  echo "packed ${names[*]} into $ARCHIVE ($(du -h "$ARCHIVE" | cut -f1)); on the GPU machine:"
+  echo "  RUN_ONLY=1 ONLY=\"$ONLY\" BUILD=$BUILD scripts/sm80_variants.sh"
+  exit 0
+fi
 
 # Correctness: all binaries at once (small cases, CPU reference), then the timings one at a time.
 ncpu=$(nproc)

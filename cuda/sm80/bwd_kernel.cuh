@@ -37,6 +37,11 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
   constexpr int kAccM = kPair ? 2 : 1;              // m16 tiles (keys) of dK, dV
   constexpr int kAcc8 = kPair ? kH / 16 : kH / 8;   // n8 tiles (columns) of dK, dV
   constexpr int kQH = kBM / 2;                      // kPair: queries of a warp's S^T
+  // (Variants, tile_config.cuh: kStagger, the second half of the warps adds
+  // the previous step's dQ at the end of a step; kLeanDq, branch-free dQ adds
+  // for full query blocks.)
+  constexpr bool kStagger = kPair && JAXATTN_BWD_STAGGER != 0;
+  constexpr bool kLeanDq = kPair && JAXATTN_BWD_LEAN_DQ != 0;
   extern __shared__ __align__(16) unsigned char smem[];
   Elem* base = reinterpret_cast<Elem*>(smem);
   Elem* sK = base + Tile::kOffK;
@@ -201,6 +206,18 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
       }
     }
 #else
+    if (kLeanDq && m0 + kBM <= T && hd == kH) {
+      // (Every row < T, every column < hd: no bounds branches.)
+      const int64_t row_stride = int64_t(N) * hd;
+      float* dst = dq_accum + int64_t(m0 + dq_m + g) * row_stride + dq_n + 2 * t;
+#pragma unroll
+      for (int i = 0; i < kDqM; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < kDq8; ++j)
+            ptx::red_add_f32x2(dst + (i * 16 + 8 * h) * row_stride + j * 8, dq[i][j][2 * h], dq[i][j][2 * h + 1]);
+    } else {
 #pragma unroll
     for (int i = 0; i < kDqM; ++i)
 #pragma unroll
@@ -215,6 +232,7 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
           }
         }
       }
+    }
 #endif
     if (sem) {
       __threadfence();
@@ -223,6 +241,10 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
     }
   };
 
+  // kStagger: warps of the second half add dQ of step - 1 at the end of step
+  // (its dS^T buffer is rewritten only after the next step's barrier); in
+  // deterministic mode every warp adds at the start (dq_step synchronises the CTA).
+  const bool dq_late = kStagger && !p.deterministic && warp >= kThreads / 64;
   for (int step = 0; step < n_steps; ++step) {
     const int stage = step & 1;
     const int head = step_head(step), m0 = step_m0(step);
@@ -235,7 +257,7 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
       ptx::cp_async_commit();
       load_stats(step + 1, next_lse, next_dps);
     }
-    if (kDoDKQ && step > 0) dq_step(step - 1);
+    if (kDoDKQ && step > 0 && !dq_late) dq_step(step - 1);
     const uint32_t q_stage = q_addr + stage * kBM * kPitch * 2;
     const uint32_t do_stage = do_addr + stage * kBM * kPitch * 2;
     const float* lse_l2 = sLse + stage * kBM;
@@ -382,6 +404,7 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
     }
     }  // (!kPair)
     if (has_next) store_stats(stage ^ 1, next_lse, next_dps);
+    if (kStagger && step > 0 && dq_late) dq_step(step - 1);
   }
 
   if (kDoDKQ && n_steps > 0) {
