@@ -9,12 +9,6 @@
 //      one barrier of both warpgroups.
 //   3. dV += P^T dO, dK += dS^T Q (one commit group), dQ = dS K (another); all
 //      operands from shared memory, this warpgroup's half of the head dim.
-//   With Tr::kWideSplitProducts (unmasked kernels) steps 1-3 go instead:
-//   1'. warpgroup 0 computes S^T, warpgroup 1 dP^T, each for all 64 query columns
-//       (wgmma N = 64: 128 KB of shared-memory operand reads instead of 192 KB).
-//   2'. warpgroup 0 writes P^T; a barrier; both issue dV += P^T dO; meanwhile
-//       warpgroup 1 reads P^T back (16-bit) and writes dS^T = P^T (dP^T - D); a
-//       barrier; both issue dK += dS^T Q and dQ = dS K.
 //   4. Once dV / dK are done in both warpgroups (a second barrier) nothing reads
 //      the step's Q / dO any more: dQ (f32) is staged over Q (w = 0) or dO (w = 1)
 //      and one thread adds it to the global accumulator with a TMA reduce-add. The
@@ -93,7 +87,6 @@ struct BwdMainloopWide {
                                  int tid, const MaskView* mask_view = nullptr) {
     static_assert(!(kCausal && kMasked), "masked kernels take causal from the MaskView");
     constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
-    constexpr bool kSplitProducts = Tr::kWideSplitProducts && !kMasked;
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int key_cta0 = tile.n_block * kBlockN;  // first key of this CTA
     const int key0 = key_cta0 + warp * 16 + g;    // this thread's h = 0 key row
@@ -104,8 +97,6 @@ struct BwdMainloopWide {
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
     float s[kSRegs], dp[kSRegs], dq[kAccRegs];
     uint32_t pk[kSRegs / 2];
-    float sd[kSplitProducts ? kBlockM / 2 : 1];         // (kSplitProducts) S^T or dP^T, 64 x 64
-    uint32_t pk64[kSplitProducts ? kBlockM / 4 : 1];    // (kSplitProducts) P^T / dS^T pairs
     BwdStepMask<kMasked, kQCols> mask(mask_view, args.attn, key0);
     mask.begin(tile.m_begin < tile.m_end ? tile.m_begin * kBlockM + wg * kQCols : -1);
 
@@ -113,116 +104,97 @@ struct BwdMainloopWide {
     Pipe pipe;
     int buf = 0;
     int pending_stage = -1;  // stage whose dQ reduce-add may still be reading it (thread 0)
+    // Tr::kWidePipeS: the S^T of step m + 1 is issued before step m's dQ staging, so
+    // the tensor cores have it to do while the warpgroups store and add dQ; the first
+    // step's is issued here.
+    const int n_steps = tile.steps(args.group);
+    if constexpr (Tr::kWidePipeS) {
+      if (n_steps > 0) {
+        hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
+        hptx::wgmma_fence();
+        issue_abT<kAdd>(s, sm.k(), sm.q(pipe.stage), wg);
+        hptx::wgmma_commit();
+      }
+    }
+    int step = 0;
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
-      for (int m = tile.m_begin; m < tile.m_end; ++m) {
+      for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
         const int q_base = m * kBlockM, q0 = q_base + wg * kQCols;
 
-        hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
+        if constexpr (!Tr::kWidePipeS) hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
-        if constexpr (kSplitProducts) {
-          // Warpgroup 0: S^T = K Q^T, warpgroup 1: dP^T = V dO^T, each over all 64 query
-          // columns (N = 64).
-          hptx::wgmma_fence();
-          Base::template issue_abT<kAdd>(sd, wg == 0 ? sm.k() : sm.v(), kChunkBytes, wg == 0 ? q_tile : do_tile);
-          hptx::wgmma_commit();
-          release_pending(sm, pending_stage, tid);
-          const uint32_t stats = sm.stats(pipe.stage) + (wg == 0 ? 0 : kBlockM * 4);
-          float2 st_c[kBlockM / 8];  // lse (warpgroup 0) or D (warpgroup 1) of the 64 columns
-          Base::template load_col_stats<kBlockM>(st_c, stats, t);
-          hptx::wgmma_wait<0>();
-          hptx::reg_fence_array(sd);
-          if (wg == 0) {
-            // P^T into the shared tile; dV's A operand in both warpgroups and the P of
-            // warpgroup 1's dS^T.
-            const bool need_mask = key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q_base);
-            Base::template probs<kCausal, kBlockM>(sd, st_c, q_base, key0, S, sl2, need_mask, t);
-#pragma unroll
-            for (int i = 0; i < kBlockM / 4; ++i) pk64[i] = ptx::pack2<Elem>(sd[2 * i], sd[2 * i + 1]);
-            store_packed_sw128<kBlockM>(pk64, sm.pt(buf), 0, warp * 16 + g, t);
-            hptx::fence_proxy_async_smem();
-          }
-          hptx::named_bar_sync(1, 256);  // P^T is in
-          hptx::wgmma_fence();
-          issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
-          hptx::wgmma_commit();
-          if (wg == 1) {
-            // dS^T = P^T (dP^T - D), P^T read back in the accumulator's layout (the A
-            // fragment order of load_a_frags_sw128 is that of the packed pairs).
-            load_a_frags_sw128<kBlockM>(pk64, sm.pt(buf), 0, warp, lane);
-#pragma unroll
-            for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const float2 pp = ptx::unpack2<Elem>(pk64[2 * j + h]);
-                const float a = pp.x * (sd[4 * j + 2 * h] - st_c[j].x);
-                const float b = pp.y * (sd[4 * j + 2 * h + 1] - st_c[j].y);
-                pk64[2 * j + h] = ptx::pack2<Elem>(a, b);
-              }
-            }
-            store_packed_sw128<kBlockM>(pk64, sm.ds(buf), 0, warp * 16 + g, t);
-            hptx::fence_proxy_async_smem();
-          }
-          hptx::named_bar_sync(1, 256);  // dS^T is in
-          hptx::wgmma_fence();
-          issue_kv<kAdd>(dk, sm.ds(buf), q_tile, wg);
-          hptx::wgmma_commit();
-          issue_dq<kAdd>(dq, sm.ds(buf), sm.k(), wg);
-          hptx::wgmma_commit();
-        } else {
-          hptx::wgmma_fence();
+        hptx::wgmma_fence();
+        if constexpr (!Tr::kWidePipeS) {
           issue_abT<kAdd>(s, sm.k(), q_tile, wg);
           hptx::wgmma_commit();
-          issue_abT<kAdd>(dp, sm.v(), do_tile, wg);
-          hptx::wgmma_commit();
-          const int next_m = Base::next_step_block(tile, args.group, hg, m);
-          mask.load_ids(next_m < 0 ? -1 : next_m * kBlockM + wg * kQCols, t);
-
-          // The previous step's reduce-add has read its staging: that stage is free.
-          release_pending(sm, pending_stage, tid);
-
-          // This warpgroup's lse / D columns from the stage's stats tile, in flight while
-          // S^T finishes (loading them after the S^T wait, as at head dim 128, measured
-          // -0.3 to -1% non-causal and -6 to -7% causal: session 10).
-          float2 lse_c[kQCols / 8], dps_c[kQCols / 8];
-          const uint32_t stats = sm.stats(pipe.stage) + 4 * wg * kQCols;
-          Base::template load_col_stats<kQCols>(lse_c, stats, t);
-          Base::template load_col_stats<kQCols>(dps_c, stats + kBlockM * 4, t);
-
-          // P^T, then dS^T, into this warpgroup's columns of the shared tiles.
-          hptx::wgmma_wait<1>();
-          hptx::reg_fence_array(s);
-          mask.apply(s, args.attn, key_cta0, key0, q0, t);
-          const bool need_mask = !kMasked && (key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q0));
-          Base::template probs<kCausal, kQCols>(s, lse_c, q0, key0, S, sl2, need_mask, t);
-#pragma unroll
-          for (int i = 0; i < kSRegs / 2; ++i) pk[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
-          store_packed_sw128<kQCols>(pk, sm.pt(buf), 0, warp * 16 + g, t, wg * kQCols);
-
-          hptx::wgmma_wait<0>();
-          hptx::reg_fence_array(dp);
-          Base::template dscores<kQCols>(dp, s, dps_c);
-          mask.chain_grads(dp);
-#pragma unroll
-          for (int i = 0; i < kSRegs / 2; ++i) pk[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
-          store_packed_sw128<kQCols>(pk, sm.ds(buf), 0, warp * 16 + g, t, wg * kQCols);
-          hptx::fence_proxy_async_smem();
-          hptx::named_bar_sync(1, 256);  // both warpgroups' P^T / dS^T columns are in
-
-          hptx::wgmma_fence();
-          issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
-          issue_kv<kAdd>(dk, sm.ds(buf), q_tile, wg);
-          hptx::wgmma_commit();
-          issue_dq<kAdd>(dq, sm.ds(buf), sm.k(), wg);
-          hptx::wgmma_commit();
         }
+        issue_abT<kAdd>(dp, sm.v(), do_tile, wg);
+        hptx::wgmma_commit();
+        const int next_m = Base::next_step_block(tile, args.group, hg, m);
+        mask.load_ids(next_m < 0 ? -1 : next_m * kBlockM + wg * kQCols, t);
+
+        // The previous step's reduce-add has read its staging: that stage is free.
+        if (tid == 0 && pending_stage >= 0) {
+          hptx::bulk_wait_read0();
+          hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
+        }
+
+        // This warpgroup's lse / D columns from the stage's stats tile, in flight while
+        // S^T finishes (loading them after the S^T wait, as at head dim 128, measured
+        // -0.3 to -1% non-causal and -6 to -7% causal: session 10).
+        float2 lse_c[kQCols / 8], dps_c[kQCols / 8];
+        const uint32_t stats = sm.stats(pipe.stage) + 4 * wg * kQCols;
+        Base::template load_col_stats<kQCols>(lse_c, stats, t);
+        Base::template load_col_stats<kQCols>(dps_c, stats + kBlockM * 4, t);
+
+        // P^T, then dS^T, into this warpgroup's columns of the shared tiles.
+        hptx::wgmma_wait<1>();
+        hptx::reg_fence_array(s);
+        mask.apply(s, args.attn, key_cta0, key0, q0, t);
+        const bool need_mask = !kMasked && (key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q0));
+        Base::template probs<kCausal, kQCols>(s, lse_c, q0, key0, S, sl2, need_mask, t);
+#pragma unroll
+        for (int i = 0; i < kSRegs / 2; ++i) pk[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
+        store_packed_sw128<kQCols>(pk, sm.pt(buf), 0, warp * 16 + g, t, wg * kQCols);
+
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(dp);
+        Base::template dscores<kQCols>(dp, s, dps_c);
+        mask.chain_grads(dp);
+#pragma unroll
+        for (int i = 0; i < kSRegs / 2; ++i) pk[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
+        store_packed_sw128<kQCols>(pk, sm.ds(buf), 0, warp * 16 + g, t, wg * kQCols);
+        hptx::fence_proxy_async_smem();
+        hptx::named_bar_sync(1, 256);  // both warpgroups' P^T / dS^T columns are in
+
+        hptx::wgmma_fence();
+        issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
+        issue_kv<kAdd>(dk, sm.ds(buf), q_tile, wg);
+        hptx::wgmma_commit();
+        issue_dq<kAdd>(dq, sm.ds(buf), sm.k(), wg);
+        hptx::wgmma_commit();
 
         // dV / dK done here and (barrier) in the other warpgroup: Q / dO are free.
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
         hptx::named_bar_sync(1, 256);
-        hptx::wgmma_wait<0>();
+        if constexpr (Tr::kWidePipeS) {
+          if (step + 1 < n_steps) {
+            Pipe next = pipe;
+            next.advance();
+            hptx::mbar_wait(sm.bar_q_full(next.stage), next.phase);
+            hptx::wgmma_fence();
+            issue_abT<kAdd>(s, sm.k(), sm.q(next.stage), wg);
+            hptx::wgmma_commit();
+            hptx::wgmma_wait<1>();  // dQ's group, not the new S^T
+          } else {
+            hptx::wgmma_wait<0>();
+          }
+        } else {
+          hptx::wgmma_wait<0>();
+        }
         hptx::reg_fence_array(dq);
         const uint32_t dq_stage = wg == 0 ? q_tile : do_tile;
         store_acc_f32_sw128<kHalf>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
@@ -235,17 +207,10 @@ struct BwdMainloopWide {
         buf ^= 1;
       }
     }
-    release_pending(sm, pending_stage, tid);
-  }
-
-  // The stage whose dQ staging the last reduce-add read (pending, thread 0; -1: none)
-  // goes back to the producer once that read is done.
-  __device__ __forceinline__ static void release_pending(const BwdSmem<Tr>& sm, int& pending, int tid) {
-    if (tid == 0 && pending >= 0) {
+    if (tid == 0 && pending_stage >= 0) {
       hptx::bulk_wait_read0();
-      hptx::mbar_arrive(sm.bar_q_empty(pending));
+      hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
     }
-    pending = -1;
   }
 };
 

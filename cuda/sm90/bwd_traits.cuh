@@ -65,28 +65,23 @@ struct BwdTraits {
   // Wide: both warpgroups share the CTA's 64 keys and split the head dim.
   static constexpr bool kWide = kHeadDim == 256;
   static constexpr int kConsumerWarpgroups = 2;  // each owns 64 keys (wide: half the head dim)
-  // Head dim 64: the dQ staging goes through full / empty mbarriers per warpgroup
-  // (consumers write and arrive; warp 1 of the producer warpgroup issues the
-  // reduce-add), so no consumer waits on a named barrier for it: +2-7% (session 7,
-  // same run: T=16K 384 -> 410 non-causal, 373 -> 386 causal). At 128 it costs the
-  // consumers 8 registers (below) and lost 13-15%; 256 (wide) has its own path.
-  // (Prepared, not yet measured: -DJAXATTN_EXP_BWD_DQ_WARP24 gives H=128 the dQ warp
-  // with the producer warpgroup at 24 registers, so its consumers keep 240: the
-  // producer and dQ warp spill 12-28 bytes, the consumers nothing; docs/perf.md.)
-#ifdef JAXATTN_EXP_BWD_DQ_WARP24
+  // Head dims 64 and 128: the dQ staging goes through full / empty mbarriers per
+  // warpgroup (consumers write and arrive; warp 1 of the producer warpgroup issues the
+  // reduce-add), so no consumer waits on a named barrier for it. H=64: +2-7% (session
+  // 7, same run: T=16K 384 -> 410 non-causal, 373 -> 386 causal). H=128 (session 15
+  // run 1, standalone, against the named-barrier staging): +2 / 0 / +1.6% non-causal
+  // (T = 1K / 4K / 16K), +2 / +4 / +3.6% causal. There the producer warpgroup keeps 24
+  // registers so the consumers keep 240 (at 232 ptxas serialised their wgmmas and the
+  // dQ warp lost 13-15%, session 7); the producer and dQ warps then spill 12-36 bytes
+  // (a loop counter, a row index, the semaphore pointer: L1 hits, off the consumers'
+  // path). 256 (wide) has its own path.
   static constexpr bool kDqWarp = kHeadDim <= 128;
+  // Wide: the next step's S^T issued before this step's dQ staging
+  // (bwd_mainloop_wide.cuh). (Prepared: -DJAXATTN_EXP_BWD_WIDE_PIPE_S.)
+#ifdef JAXATTN_EXP_BWD_WIDE_PIPE_S
+  static constexpr bool kWidePipeS = kWide;
 #else
-  static constexpr bool kDqWarp = kHeadDim == 64;
-#endif
-  // Wide, unmasked: warpgroup 0 computes S^T and warpgroup 1 dP^T, each for all 64
-  // query columns (wgmma N = 64), instead of both for 32 columns each (N = 32): the
-  // two products read 128 KB of shared memory per step instead of 192 KB. Warpgroup 1
-  // reads P^T back (16-bit) for dS^T, which it computes while dV's wgmmas run
-  // (bwd_mainloop_wide.cuh). (Prepared: -DJAXATTN_EXP_BWD_WIDE_SPLIT.)
-#ifdef JAXATTN_EXP_BWD_WIDE_SPLIT
-  static constexpr bool kWideSplitProducts = kWide;
-#else
-  static constexpr bool kWideSplitProducts = false;
+  static constexpr bool kWidePipeS = false;
 #endif
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
@@ -95,14 +90,13 @@ struct BwdTraits {
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // setmaxnreg only moves registers inside the CTA's launch allocation, 168 per thread
   // x 384 (__launch_bounds__(384, 1)) = 64512, not the whole 64K file: 128 x 24 + 256 x
-  // 240 fills it exactly. The dQ warp's loop needs 32, so its consumers get 232
+  // 240 fills it exactly. At H=64 the dQ warp's loop gets 32, so its consumers get 232
   // (128 x 32 + 256 x 240 was 1024 over: setmaxnreg.inc waited forever, session 7).
   // The dQ staging stores without bank conflicts (store_acc_f32_sw128's kSpread). H200,
   // session 14 run 6, standalone: H=128 +5 / +4 / +6.5% non-causal (T = 1K / 4K /
   // 16K), +2 / +5.5 / +6.5% causal; H=64 0 to +2% non-causal but -2 / -3 / -3% causal,
   // H=256 causal -0 / -2 / -3% (the selects cost more there than the conflicts did).
   static constexpr bool kDqStoreSpread = kHeadDim == 128;
-  // (The prepared H=128 dQ warp keeps the producer warpgroup at 24.)
   static constexpr int kProducerRegs = kDqWarp && kHeadDim == 64 ? 32 : 24;
   static constexpr int kConsumerRegs = kDqWarp && kHeadDim == 64 ? 232 : 240;
   static_assert((kProducerRegs + kConsumerWarpgroups * kConsumerRegs) * 128 <= 168 * 384, "register pool");
