@@ -87,9 +87,6 @@ struct BwdMainloopWide {
                                  int tid, const MaskView* mask_view = nullptr) {
     static_assert(!(kCausal && kMasked), "masked kernels take causal from the MaskView");
     constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
-    // The next step's S^T issued during this step's dQ staging (Tr::kWidePipeS; the
-    // masked kernels spilled 32 bytes with it and keep the plain order).
-    constexpr bool kPipeS = Tr::kWidePipeS && !kMasked;
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int key_cta0 = tile.n_block * kBlockN;  // first key of this CTA
     const int key0 = key_cta0 + warp * 16 + g;    // this thread's h = 0 key row
@@ -107,33 +104,16 @@ struct BwdMainloopWide {
     Pipe pipe;
     int buf = 0;
     int pending_stage = -1;  // stage whose dQ reduce-add may still be reading it (thread 0)
-    // kPipeS: the S^T of step m + 1 is issued halfway through step m's dQ staging, so
-    // the tensor cores have it to do while the warpgroups store and add dQ, and waited
-    // for at the end of step m; step m + 1 then computes P^T while its dP^T runs. The
-    // first step's S^T is issued here.
-    const int n_steps = tile.steps(args.group);
-    if constexpr (kPipeS) {
-      // (Unconditional, of V when there is no step: see the loop's last step.)
-      if (n_steps > 0) hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
-      hptx::wgmma_fence();
-      issue_abT<kAdd>(s, sm.k(), n_steps > 0 ? sm.q(pipe.stage) : sm.v(), wg);
-      hptx::wgmma_commit();
-      hptx::wgmma_wait<0>();
-      hptx::reg_fence_array(s);
-    }
-    int step = 0;
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
-      for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
+      for (int m = tile.m_begin; m < tile.m_end; ++m) {
         const int q_base = m * kBlockM, q0 = q_base + wg * kQCols;
 
-        if constexpr (!kPipeS) hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
+        hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
         hptx::wgmma_fence();
-        if constexpr (!kPipeS) {
-          issue_abT<kAdd>(s, sm.k(), q_tile, wg);
-          hptx::wgmma_commit();
-        }
+        issue_abT<kAdd>(s, sm.k(), q_tile, wg);
+        hptx::wgmma_commit();
         issue_abT<kAdd>(dp, sm.v(), do_tile, wg);
         hptx::wgmma_commit();
         const int next_m = Base::next_step_block(tile, args.group, hg, m);
@@ -154,10 +134,8 @@ struct BwdMainloopWide {
         Base::template load_col_stats<kQCols>(dps_c, stats + kBlockM * 4, t);
 
         // P^T, then dS^T, into this warpgroup's columns of the shared tiles.
-        if constexpr (!kPipeS) {  // (kPipeS: S^T came in at the end of the previous step)
-          hptx::wgmma_wait<1>();
-          hptx::reg_fence_array(s);
-        }
+        hptx::wgmma_wait<1>();
+        hptx::reg_fence_array(s);
         mask.apply(s, args.attn, key_cta0, key0, q0, t);
         const bool need_mask = !kMasked && (key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q0));
         Base::template probs<kCausal, kQCols>(s, lse_c, q0, key0, S, sl2, need_mask, t);
@@ -190,36 +168,11 @@ struct BwdMainloopWide {
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dq);
         const uint32_t dq_stage = wg == 0 ? q_tile : do_tile;
-        if constexpr (kPipeS) {
-          // Half of dQ staged, then the next step's S^T issued (into the registers the
-          // first half freed), then the other half. The last step issues a throwaway
-          // S^T (of V, which nothing writes): behind a branch the wgmmas were
-          // serialised (ptxas C7518).
-          constexpr int kHalfRegs = kAccRegs / 2;
-          store_acc_f32_sw128<kHalf / 2>(reinterpret_cast<const float(&)[kHalfRegs]>(dq[0]), dq_stage,
-                                         kBlockM * 128, warp * 16 + g, t);
-          Pipe next = pipe;
-          next.advance();
-          const bool has_next = step + 1 < n_steps;
-          if (has_next) hptx::mbar_wait(sm.bar_q_full(next.stage), next.phase);
-          hptx::wgmma_fence();
-          issue_abT<kAdd>(s, sm.k(), has_next ? sm.q(next.stage) : sm.v(), wg);
-          hptx::wgmma_commit();
-          store_acc_f32_sw128<kHalf / 2>(reinterpret_cast<const float(&)[kHalfRegs]>(dq[kHalfRegs]),
-                                         dq_stage + (kHalf / 2 / 32) * kBlockM * 128, kBlockM * 128, warp * 16 + g, t);
-        } else {
-          store_acc_f32_sw128<kHalf>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
-        }
+        store_acc_f32_sw128<kHalf>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
         // (deterministic mode: one add per warpgroup per key block, disjoint columns)
         if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
-        if constexpr (kPipeS) {
-          // No wgmma in flight across steps (with the next S^T pending at the loop's
-          // end ptxas serialised every wgmma, C7514).
-          hptx::wgmma_wait<0>();
-          hptx::reg_fence_array(s);
-        }
         pending_stage = pipe.stage;
         pipe.advance();
         buf ^= 1;

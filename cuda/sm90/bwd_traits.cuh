@@ -76,13 +76,6 @@ struct BwdTraits {
   // (a loop counter, a row index, the semaphore pointer: L1 hits, off the consumers'
   // path). 256 (wide) has its own path.
   static constexpr bool kDqWarp = kHeadDim <= 128;
-  // Wide: the next step's S^T issued before this step's dQ staging
-  // (bwd_mainloop_wide.cuh). (Prepared: -DJAXATTN_EXP_BWD_WIDE_PIPE_S.)
-#ifdef JAXATTN_EXP_BWD_WIDE_PIPE_S
-  static constexpr bool kWidePipeS = kWide;
-#else
-  static constexpr bool kWidePipeS = false;
-#endif
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
   // (3 stages: same speed at head dim 64 (session 5) and -1 to +0.3% at 128 (session 9).)
