@@ -89,7 +89,10 @@ struct BwdTraits {
   // session 14 run 6, standalone: H=128 +5 / +4 / +6.5% non-causal (T = 1K / 4K /
   // 16K), +2 / +5.5 / +6.5% causal; H=64 0 to +2% non-causal but -2 / -3 / -3% causal,
   // H=256 causal -0 / -2 / -3% (the selects cost more there than the conflicts did).
-  static constexpr bool kDqStoreSpread = kHeadDim == 128;
+  // The H=64 pingpong kernels (non-causal, masked) take it too: session 15 run 3, same
+  // run, +1 / +1.2 / +0.5% non-causal (T = 1K / 4K / 16K); the causal split kernels keep
+  // the plain store.
+  static constexpr bool kDqStoreSpread = kHeadDim == 128 || (kHeadDim == 64 && kPingpong);
   static constexpr int kProducerRegs = kDqWarp && kHeadDim == 64 ? 32 : 24;
   static constexpr int kConsumerRegs = kDqWarp && kHeadDim == 64 ? 232 : 240;
   static_assert((kProducerRegs + kConsumerWarpgroups * kConsumerRegs) * 128 <= 168 * 384, "register pool");
