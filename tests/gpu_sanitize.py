@@ -40,8 +40,9 @@ def main(argv=None) -> int:
     p.add_argument("--H", type=int, default=64)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--noncausal", action="store_true")
-    p.add_argument("--implementation", default="cuda", choices=("cuda", "cpu"),
-                   help="cpu: check this script's plumbing on a machine without a GPU")
+    p.add_argument("--implementation", default="cuda", choices=("cuda", "cuda_sm80", "cpu"),
+                   help="cuda_sm80: the portable kernels; cpu: check this script's plumbing on a "
+                        "machine without a GPU")
     p.add_argument("--no-masks", action="store_true", help="skip the masked run")
     p.add_argument("--tol", type=float, default=2e-2,
                    help="max |ours - ref| / max |ref| per array (bf16: ~4e-3 expected)")
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     print(f"gpu_sanitize: jax {jax.__version__}, jaxattn from {os.path.dirname(jaxattn.__file__)}, "
           f"devices {jax.devices()}", flush=True)
     impl = a.implementation
-    if impl == "cuda":
+    if impl in ("cuda", "cuda_sm80"):
         try:
             device = jax.devices("gpu")[0]
         except RuntimeError as e:

@@ -365,15 +365,18 @@ static int g_only_B = 0, g_only_L = 0;  // --row B L: bench that row only (profi
 static void bench(double peak) {
   const int N = 32, K = 8, H = 128, ps = 64;
   const int def = jc::kDecodeV2DefaultVariant;
-  struct Col { const char* name; int variant; bool contig; };
-  const Col cols[] = {{"default", def, false},
-                      {"short + long chunks", jc::kV2ShortLong, false},
-                      {"short + refill", jc::kV2Short | jc::kV2Refill, false},
-                      {"short nc", kShortNoCluster, false},
-                      {"short", jc::kV2Short, false},
-                      {"default contig", def, true},
-                      {"short contig", jc::kV2Short, true},
-                      {"hoist (session-5 default)", jc::kV2Hoist, false}};
+  // layout: 0 paged, shuffled pages; 1 contiguous (the same buffer, row b's pages in
+  // order); 2 paged with the identity table (the contiguous layout read through the
+  // paged code path).
+  struct Col { const char* name; int variant; int layout; };
+  const Col cols[] = {{"default", def, 0},
+                      {"short + long chunks", jc::kV2ShortLong, 0},
+                      {"default + touch ahead", def | jc::kV2TouchAhead, 0},
+                      {"default identity", def, 2},
+                      {"default + touch", def | jc::kV2Touch, 0},
+                      {"default contig", def, 1},
+                      {"short contig", jc::kV2Short, 1},
+                      {"hoist (session-5 default)", jc::kV2Hoist, 0}};
   constexpr int kCols = sizeof(cols) / sizeof(cols[0]);
   struct Row { int B, L; double g[kCols]; };
   std::vector<Row> rows;
@@ -411,6 +414,10 @@ static void bench(double peak) {
       call.lengths = upload(len);
       AttnParams& p = call.p;
       p.q = call.q, p.k = call.k, p.v = call.v, p.block_table = call.table, p.kv_lengths = call.lengths;
+      for (int i = 0; i < num_pages; ++i) perm[i] = i;
+      const int32_t* identity = upload(perm);
+      AttnParams pid = p;  // the paged path over pages in order
+      pid.block_table = identity;
       AttnParams pc = p;  // contiguous [B, L, K, H]: row b = pages b * max_pages ...
       pc.block_table = nullptr;
       pc.page_size = pc.max_pages = pc.num_pages = 0;
@@ -418,7 +425,8 @@ static void bench(double peak) {
       const double bytes = (2.0 * B * L * K * H + 2.0 * B * N * H) * 2;
       Row r{B, L, {}};
       std::vector<CallTimer> timers;
-      for (int i = 0; i < kCols; ++i) timers.emplace_back(cols[i].contig ? pc : p, 0, cols[i].variant);
+      for (int i = 0; i < kCols; ++i)
+        timers.emplace_back(cols[i].layout == 1 ? pc : cols[i].layout == 2 ? pid : p, 0, cols[i].variant);
       time_round_robin(timers, bytes);
       std::printf("| %d | %d |", B, L);
       for (int i = 0; i < kCols; ++i) {
@@ -444,6 +452,7 @@ static void bench(double peak) {
         }
       }
       call.free_all();
+      cudaFree(const_cast<int32_t*>(identity));
     }
   }
   if (g_sweep) {
