@@ -31,7 +31,7 @@ def profiler(on: bool) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--impl", default="jaxattn", choices=["jaxattn", "cudnn", "xla"])
+    ap.add_argument("--impl", default="jaxattn", choices=["jaxattn", "jaxattn_sm80", "cudnn", "xla"])
     ap.add_argument("--heads", type=int, default=64, help="head dim H")
     ap.add_argument("--seqlen", type=int, default=4096)
     ap.add_argument("--causal", action="store_true")
