@@ -37,9 +37,6 @@ t0=$(date +%s)
 #   fpipe  H = 64: 48 keys a step, S of the next key block computed before the softmax of the
 #          current one (FwdTile kPipelineS; H = 128 spills with it, so not built).
 #          H = 128, 256: default objects.
-#   fpp    H = 128 unmasked: 8 warps x 32 rows, 1 CTA/SM, warps 4-7 half a step behind warps
-#          0-3 (softmax + P V of block j, then S of block j-1; FwdTile kPingPong, three K
-#          buffers); masked kernels and other head dims: default objects.
 F128_8W="-DJAXATTN_FWD128_BN=48 -DJAXATTN_FWD128_WARPS=8 -DJAXATTN_FWD128_MTILES=2 -DJAXATTN_FWD128_MINB=1 -DJAXATTN_FWD128_BNM=16"
 F64_8W="-DJAXATTN_FWD64_BN=64 -DJAXATTN_FWD64_WARPS=8 -DJAXATTN_FWD64_MTILES=2 -DJAXATTN_FWD64_MINB=1 -DJAXATTN_FWD64_BND=32"
 DB="-DJAXATTN_FWD_STAGES=2"
@@ -48,7 +45,6 @@ declare -A FV=(
   [fdb]="$DB|$DB|$DB"
   [f8w]="$F64_8W|$F128_8W|"
   [f8wdb]="$F64_8W $DB|$F128_8W $DB|$DB"
-  [fpp]="|-DJAXATTN_FWD128_PP=1|"
   [fpipe]="-DJAXATTN_FWD64_BN=48 -DJAXATTN_FWD_PIPE=true||"
   [fmix]="$DB|-DJAXATTN_FWD128_BN=32 -DJAXATTN_FWD128_WARPS=8 -DJAXATTN_FWD128_MTILES=2 -DJAXATTN_FWD128_MINB=1 -DJAXATTN_FWD128_BNM=16 $DB|-DJAXATTN_FWD256_BN=32 -DJAXATTN_FWD256_WARPS=4 -DJAXATTN_FWD256_MTILES=1 -DJAXATTN_FWD256_MINB=2 $DB"
 )
@@ -63,9 +59,6 @@ FV_FILES=(fwd_hdim64 fwd_hdim128 fwd_hdim256)
 #          half a phase apart, so one issues MMAs while the other is in exp / dS / atomics).
 #   blean  H = 128 (pairs): branch-free dQ reductions for full query blocks (JAXATTN_BWD_LEAN_DQ).
 #   bstaglean  both.
-#   broles H = 128 (pairs): the pair splits by operand, not by columns: one warp S^T, P^T, dV
-#          (32 keys x all columns), the other dP^T, dS^T, dK; P^T handed over in smem (f32)
-#          (JAXATTN_BWD_ROLES: 112 instead of 144 ldmatrix per warp and step).
 P1="-DJAXATTN_BWD_PAIR=1"
 V4="-DJAXATTN_BWD_DQ_V4=1"
 STAG="-DJAXATTN_BWD_STAGGER=1"
@@ -77,7 +70,6 @@ declare -A BV=(
   [bstag]="||$STAG|"
   [blean]="||$LEAN|"
   [bstaglean]="||$STAG $LEAN|"
-  [broles]="||-DJAXATTN_BWD_ROLES=1|"
 )
 BV_FILES=(bwd_hdim64 bwd_hdim96 bwd_hdim128 bwd_hdim256)
 # Binaries: name fwd-variant bwd-variant.
@@ -91,9 +83,6 @@ BINS=(
   "s1 fbase bstag"
   "s2 fbase blean"
   "s3 fbase bstaglean"
-  "r1 fpp bbase"
-  "r2 fbase broles"
-  "r3 fpp broles"
 )
 ONLY=${ONLY:-}
 

@@ -316,15 +316,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       __syncthreads();  // tile `tile` is in; every warp is done with tile - 1
       if (tile + kStages - 1 < num_tiles) load_tile(tile + kStages - 1);
       ptx::cp_async_commit();
-      if (hoist && plan.touch_ahead && tid == 0) {
-        constexpr int kTouchAhead = 4;  // tiles beyond the one just loaded
-        const int ta = tile + kStages - 1 + kTouchAhead;
-        if (ta < num_tiles) {
-          const int64_t page = pages_s[(j_begin + ta * kBlockN) / ps - page0];
-          ptx::prefetch_l2(kcache + page * p.k_batch_stride);
-          ptx::prefetch_l2(vcache + page * p.v_batch_stride);
-        }
-      }
     }
     if (prefetch > 0 && tile + ahead + prefetch < num_tiles) prefetch_tile(tile + ahead + prefetch);
     const uint32_t stage_off = (tile % kStages) * 2 * L::kTileElems * 2;

@@ -34,10 +34,6 @@ struct DecodePlan {
   // `prefetch` tiles beyond the ring's newest one prefetched into L2 (0: off).
   bool hoist;
   bool touch;  // one L2 prefetch per page of the chunk before the loop
-  // kV2TouchAhead: with each tile load, one L2 prefetch of the first K and V line of
-  // the page kTouchAhead tiles further on, so its address translation is done before
-  // its copies go out (pages of >= one tile).
-  bool touch_ahead;
   int prefetch;
   // Version 2, short contexts (issue 9; kV2Refill / kV2Cluster in launch_decode.h).
   // refill: a ring stage is refilled as soon as every warp is done with it

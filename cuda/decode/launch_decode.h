@@ -66,8 +66,6 @@ constexpr int kV2Refill = 4;
 constexpr int kV2Waves = 1 << 8;
 constexpr int kV2Cluster = 1 << 9;
 constexpr int kV2LongChunks = 1 << 10;
-// kV2TouchAhead (experiment, session 15): see DecodePlan::touch_ahead.
-constexpr int kV2TouchAhead = 1 << 11;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 // kV2Short: the short-context candidate for the default (H200 run 1 of the

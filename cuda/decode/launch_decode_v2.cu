@@ -127,7 +127,6 @@ DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant
   DecodePlan plan{};
   plan.hoist = (variant & kV2Hoist) != 0;
   plan.touch = (variant & kV2Touch) != 0;
-  plan.touch_ahead = (variant & kV2TouchAhead) != 0;
   plan.prefetch = (variant >> kV2PrefetchShift) & 15;
   plan.refill = (variant & kV2Refill) != 0;
   const bool want_cluster = (variant & kV2Cluster) != 0;

@@ -34,29 +34,14 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
   // Pair layout (see BwdTile): the unmasked kernels only.
   constexpr bool kPair = Tile::kPair && !kMasked;
   static_assert(!kPair || (kDoDV && kDoDKQ), "pair layout: one pass");
-  // (kRoles: see below.)
-  constexpr bool kRoles = kPair && JAXATTN_BWD_ROLES != 0;
-  static_assert(!kRoles || Tile::kWarps % 4 == 0, "roles: pairs in both halves");
   constexpr int kAccM = kPair ? 2 : 1;              // m16 tiles (keys) of dK, dV
-  constexpr int kAcc8 = kPair && !kRoles ? kH / 16 : kH / 8;  // n8 tiles (columns) of dK, dV
-  // (kRoles: dv is the warp's only accumulator, dV of a P warp, dK of a dS warp.)
+  constexpr int kAcc8 = kPair ? kH / 16 : kH / 8;   // n8 tiles (columns) of dK, dV
   constexpr int kQH = kBM / 2;                      // kPair: queries of a warp's S^T
   // (Variants, tile_config.cuh: kStagger, the second half of the warps adds
   // the previous step's dQ at the end of a step; kLeanDq, branch-free dQ adds
   // for full query blocks.)
   constexpr bool kStagger = kPair && JAXATTN_BWD_STAGGER != 0;
   constexpr bool kLeanDq = kPair && JAXATTN_BWD_LEAN_DQ != 0;
-  // kRoles (variant JAXATTN_BWD_ROLES; kPair kernels): the two warps of a pair
-  // split the work by operand. The P warp computes S^T = K Q^T for the pair's 32
-  // keys and all kBM queries, P^T = exp2(...), hands P^T (f32) to its partner
-  // through smem (bar.arrive) and accumulates dV += P^T dO for the 32 keys and
-  // all kH columns with P^T from registers. The dS warp computes dP^T = V dO^T
-  // (32 keys x kBM queries), waits for P^T (bar.sync), forms dS^T = P^T (dP^T -
-  // dpsum), stores it for dQ and accumulates dK += dS^T Q from registers. Per
-  // warp and step: 112 ldmatrix.x4 instead of 144 (K / V and Q / dO fragments of
-  // 32 x 64 tiles, no P^T / dS^T ldmatrix for dV / dK), the same 320 MMAs. Roles
-  // alternate with the sub-partition (warp w and w + kWarps/2 have different
-  // roles), so a sub-partition has one warp in exp while the other is in MMAs.
   extern __shared__ __align__(16) unsigned char smem[];
   Elem* base = reinterpret_cast<Elem*>(smem);
   Elem* sK = base + Tile::kOffK;
@@ -278,74 +263,7 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
     const float* lse_l2 = sLse + stage * kBM;
     const float* dps = sDps + stage * kBM;
 
-    if constexpr (kRoles) {
-      const bool p_warp = ((warp ^ (warp / (Tile::kWarps / 2))) & 1) == 0;
-      float* sPf = reinterpret_cast<float*>(sP);  // P^T, f32 [kBN][kDsPitch]
-      // P warp: S^T = K Q^T; dS warp: dP^T = V dO^T (32 keys x kBM queries each;
-      // one code path, the operands chosen per warp).
-      float acc[2][kQ8][4];
-      clear(acc);
-      gemm_ss_abt<Elem, 2, kQ8, kH, kPitch, kPitch>(
-          acc, ptx::smem_addr(p_warp ? sK : sV) + pair_key * kPitch * 2 + off_a, (p_warp ? q_stage : do_stage) + off_b);
-      if (p_warp) {
-        // P^T = exp2(S^T scale_log2 - lse_log2), to smem (f32) for the partner.
-        if (n0 + kBN > S || (causal && n0 + kBN - 1 > m0)) {
-          apply_mask(acc, n0 + pair_key, m0, lane,
-                     [&](int key, int query) { return key >= S || (causal && key > query); });
-        }
-#pragma unroll
-        for (int j = 0; j < kQ8; ++j) {
-          const float2 l = *reinterpret_cast<const float2*>(lse_l2 + j * 8 + 2 * t);
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float p0 = ptx::exp2_approx(fmaf(acc[i][j][2 * h], scale_log2, -l.x));
-              const float p1 = ptx::exp2_approx(fmaf(acc[i][j][2 * h + 1], scale_log2, -l.y));
-              acc[i][j][2 * h] = p0;
-              acc[i][j][2 * h + 1] = p1;
-              *reinterpret_cast<float2*>(sPf + (pair_key + i * 16 + g + 8 * h) * kDsPitch + j * 8 + 2 * t) =
-                  make_float2(p0, p1);
-            }
-        }
-        // P^T of this step is in smem (the partner's bar.sync orders its reads after these stores).
-        asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + (warp >> 1)), "r"(64) : "memory");
-      } else {
-        // dS^T = P^T (dP^T - dpsum), P^T from the partner (masked entries: P = 0).
-        ptx::named_barrier_sync(1 + (warp >> 1), 64);
-#pragma unroll
-        for (int j = 0; j < kQ8; ++j) {
-          const float2 d = *reinterpret_cast<const float2*>(dps + j * 8 + 2 * t);
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float2 pp =
-                  *reinterpret_cast<const float2*>(sPf + (pair_key + i * 16 + g + 8 * h) * kDsPitch + j * 8 + 2 * t);
-              acc[i][j][2 * h] = pp.x * (acc[i][j][2 * h] - d.x);
-              acc[i][j][2 * h + 1] = pp.y * (acc[i][j][2 * h + 1] - d.y);
-            }
-        }
-      }
-      uint32_t fa[2][kQSteps][4];  // P^T (P warp) or dS^T (dS warp) as A fragments
-      acc_to_a_frags<Elem>(acc, fa);
-      if (!p_warp) {
-        // dS^T to smem for dQ (next step): fragment [i][kq][r] holds key row
-        // pair_key + 16i + g + 8(r&1), query columns 16kq + 8(r>>1) + 2t, 2t+1.
-        Elem* ds = sdS + stage * kBN * kDsPitch;
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int kq = 0; kq < kQSteps; ++kq)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const int row = pair_key + i * 16 + g + 8 * (r & 1), col = kq * 16 + 8 * (r >> 1) + 2 * t;
-              *reinterpret_cast<uint32_t*>(ds + row * kDsPitch + col) = fa[i][kq][r];
-            }
-      }
-      // P warp: dV += P^T dO; dS warp: dK += dS^T Q (scaled at the end).
-      gemm_rs_ab<Elem, 2, kH / 8, kQSteps, kPitch>(dv, fa, (p_warp ? do_stage : q_stage) + off_a);
-    } else if constexpr (kPair) {
+    if constexpr (kPair) {
       constexpr int kQ8h = kQH / 8;
       const int q_off = half * kQH;
       // S^T = K Q^T for the pair's 32 keys and this warp's kQH queries.
@@ -498,15 +416,7 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
   ptx::cp_async_wait<0>();  // (K/V copies are still in flight when there was no step)
   __syncthreads();
   // (kPair: the warp's tile is keys [pair_key, + 32) x columns [half * kH / 2, + kH / 2).)
-  const int acc_off = kRoles ? pair_key * kPitch : kPair ? pair_key * kPitch + half * (kH / 2) : key_row * kPitch;
-  if constexpr (kRoles) {
-    // (P warps hold dV, dS warps dK of keys [pair_key, + 32) x all columns.)
-    const bool p_warp = ((warp ^ (warp / (Tile::kWarps / 2))) & 1) == 0;
-    float sc[kAccM][2];
-#pragma unroll
-    for (int i = 0; i < kAccM; ++i) sc[i][0] = sc[i][1] = p_warp ? 1.f : p.scale;
-    acc_to_smem<Elem, kPitch>(dv, sc, (p_warp ? sV : sK) + acc_off, lane);
-  } else {
+  const int acc_off = kPair ? pair_key * kPitch + half * (kH / 2) : key_row * kPitch;
   if constexpr (kDoDKQ) {
     float sc[kAccM][2];
 #pragma unroll
@@ -519,7 +429,6 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
     for (int i = 0; i < kAccM; ++i) one[i][0] = one[i][1] = 1.f;
     acc_to_smem<Elem, kPitch>(dv, one, sV + acc_off, lane);
   }
-  }  // (!kRoles)
   __syncthreads();
   if constexpr (kDoDKQ) {
     Elem* dk_out = static_cast<Elem*>(p.dk) + b * p.k_batch_stride +

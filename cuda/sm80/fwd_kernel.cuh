@@ -7,8 +7,6 @@
 
 #include <cuda_runtime.h>
 
-#include <type_traits>
-
 #include "common/mask.cuh"
 #include "common/params.h"
 #include "common/ptx.h"
@@ -37,14 +35,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   // block is computed before the softmax of the current one (two K and V
   // buffers, one barrier a step).
   constexpr bool kPipe = Tile::kPipelineS && !kMasked;
-  // kPP (unmasked kernels of a tile with kPingPong): warps [kWarps/2, kWarps)
-  // run half a step behind the others (three K buffers, two V buffers).
-  constexpr bool kPP = Tile::kPingPong && !kMasked;
   constexpr int kStages = kPipe ? 2 : Tile::kKVStages;
   extern __shared__ __align__(16) unsigned char smem[];
   Elem* sQ = reinterpret_cast<Elem*>(smem);
   Elem* sK = sQ + Tile::kSmemQ;                // [kStages][kSmemKV]
-  Elem* sV = sK + (kPP ? Tile::kKStages : kStages) * Tile::kSmemKV;  // [kStages][kSmemKV]
+  Elem* sV = sK + kStages * Tile::kSmemKV;     // [kStages][kSmemKV]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int T = p.seqlen_q, S = p.seqlen_k, hd = p.head_dim;
@@ -108,15 +103,6 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     if (nb >= nb_lo) {
       if (nb > nb_lo) load_k(nb - 1, (nb - 1) & 1);
       load_v(nb, nb & 1);
-    }
-    ptx::cp_async_commit();
-  } else if constexpr (kPP) {
-    // Group 0: Q, K(nb) (K buffer 0); group 1: V(nb) (V buffer 0), K(nb-1) (K buffer 1).
-    if (nb >= nb_lo) load_k(nb, 0);
-    ptx::cp_async_commit();
-    if (nb >= nb_lo) {
-      load_v(nb, 0);
-      if (nb > nb_lo) load_k(nb - 1, 1);
     }
     ptx::cp_async_commit();
   } else {
@@ -183,53 +169,6 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
       if (--nb < nb_lo) break;
       step(s_b, s_a, nb);
       --nb;
-    }
-  } else if constexpr (kPP) {
-    // Step `it` runs key block n = nb (from the last): K(n) is in K buffer it % 3,
-    // K(n-1) in (it + 1) % 3, V(n) in V buffer it & 1; V(n-1) and K(n-2) load
-    // during the step (into the buffers of V(n+1) and K(n+1), whose last readers
-    // finished before the step's barrier). Warps of the first half (early):
-    // S = Q K(n)^T, softmax, O += P V(n). Second half (late): S = Q K(n)^T is
-    // already in registers (computed at the end of the previous step, or before
-    // the first step); softmax, O += P V(n), then S = Q K(n-1)^T. Both halves
-    // do the same work between two barriers, but while an early warp is in its
-    // softmax, the late warp of its sub-partition (warp + kWarps/2) is in P V,
-    // and vice versa.
-    const bool late = warp >= Tile::kWarps / 2;
-    float s[kM][kBN / 8][4];
-    if (nb >= nb_lo) {
-      ptx::cp_async_wait<1>();  // Q, K(nb) landed ...
-      __syncthreads();          // ... for all threads
-      if (late) {
-        clear(s);
-        gemm_ss_abt<Elem, kM, kBN / 8, kH, kPitch, kPitch>(s, q_addr, k_addr);
-      }
-    }
-    int ks = 0;  // K buffer of K(nb)
-    for (int it = 0; nb >= nb_lo; --nb, ++it) {
-      const int n0 = nb * kBN;
-      const int ks_next = ks == 2 ? 0 : ks + 1, ks_fill = ks_next == 2 ? 0 : ks_next + 1;
-      ptx::cp_async_wait<0>();  // V(nb), K(nb-1) landed ...
-      __syncthreads();          // ... for all threads, and the previous step's tiles are no longer read
-      if (nb > nb_lo) load_v(nb - 1, (it & 1) ^ 1);
-      if (nb - 1 > nb_lo) load_k(nb - 2, ks_fill);
-      ptx::cp_async_commit();
-      if (!late) {
-        clear(s);
-        gemm_ss_abt<Elem, kM, kBN / 8, kH, kPitch, kPitch>(s, q_addr, k_addr + ks * Tile::kSmemKV * 2);
-      }
-      if (n0 + kBN > S || (causal && n0 + kBN - 1 > m0)) {
-        apply_mask(s, m0 + warp_row, n0, lane, [&](int row, int col) { return col >= S || (causal && col > row); });
-      }
-      softmax.update(s, o, scale_log2);
-      uint32_t pa[kM][kBN / 16][4];
-      acc_to_a_frags<Elem>(s, pa);
-      gemm_rs_ab<Elem, kM, kH / 8, kBN / 16, kPitch>(o, pa, v_addr + (it & 1) * Tile::kSmemKV * 2);
-      if (late && nb > nb_lo) {
-        clear(s);
-        gemm_ss_abt<Elem, kM, kBN / 8, kH, kPitch, kPitch>(s, q_addr, k_addr + ks_next * Tile::kSmemKV * 2);
-      }
-      ks = ks_next;
     }
   } else
   // Key blocks from the last: the ones that need masking come first.
@@ -302,7 +241,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
         if (row < T) p.lse[(int64_t(b) * T + row) * p.num_heads + head] = lse[i][h];
       }
   }
-  if constexpr (kMasked || kStages == 2 || kPipe || kPP) {  // (no key block ran: the Q copies may still be in flight)
+  if constexpr (kMasked || kStages == 2 || kPipe) {  // (no key block ran: the Q copies may still be in flight)
     ptx::cp_async_wait<0>();
     __syncthreads();
   }
@@ -318,22 +257,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
 template <int kHeadDim, typename Elem>
 LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream) {
   using Tile = typename FwdTileFor<kHeadDim>::type;
-  // (The unmasked kernels may have their own tile: FwdTileUnmaskedFor.)
-  using TileU = typename FwdTileUnmaskedFor<kHeadDim>::type;
-  if constexpr (!std::is_same_v<Tile, TileU>) {
-    if (p.bias == nullptr && p.mask == nullptr && !p.has_masks()) {
-      auto kernel = flash_fwd_kernel<TileU, Elem, false, false>;
-      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             TileU::kSmemBytes);
-      if (err != cudaSuccess) return {err, "flash_fwd_sm80 (set smem)"};
-      const dim3 grid((p.seqlen_q + TileU::kBlockM - 1) / TileU::kBlockM, p.num_heads, p.batch);
-      kernel<<<grid, TileU::kThreads, TileU::kSmemBytes, stream>>>(p);
-      return {cudaGetLastError(), "flash_fwd_sm80"};
-    }
-  }
   auto kernel = p.bias != nullptr || p.mask != nullptr ? flash_fwd_kernel<Tile, Elem, true, true>
                 : p.has_masks()   ? flash_fwd_kernel<Tile, Elem, true, false>
-                                  : flash_fwd_kernel<TileU, Elem, false, false>;  // (TileU = Tile here)
+                                  : flash_fwd_kernel<Tile, Elem, false, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Tile::kSmemBytes);
   if (err != cudaSuccess) return {err, "flash_fwd_sm80 (set smem)"};

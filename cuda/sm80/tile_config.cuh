@@ -25,7 +25,7 @@ inline int padded_head_dim(int h) {
 // K(j-1) loading during softmax and O += P V(j).
 template <int kHeadDim_, int kBlockN_, int kWarps_, int kMTiles_, int kMinBlocks_,
           int kBlockNSm100_ = kBlockN_, int kBlockNMasked_ = kBlockNSm100_, int kBlockNDense_ = kBlockNMasked_,
-          int kKVStages_ = 1, bool kPipelineS_ = false, bool kPingPong_ = false>
+          int kKVStages_ = 1, bool kPipelineS_ = false>
 struct FwdTile {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
@@ -50,24 +50,15 @@ struct FwdTile {
   // computed before the softmax and P V of block j, so the tensor cores have
   // work while the warp does the softmax (a second S tile in registers).
   static constexpr bool kPipelineS = kPipelineS_;
-  // kPingPong (unmasked kernels; implies kKVStages = 2, three K buffers): the
-  // second half of the warps runs half a step behind the first: its step is
-  // softmax and P V of block j, then S = Q K(j-1)^T for the next step, while
-  // the first half computes S = Q K(j)^T, then its softmax and P V. Warps w and
-  // w + kWarps/2 share an SM sub-partition, so one issues MMAs while the other
-  // is in its softmax (the phases are re-aligned by the barrier of every step).
-  static constexpr bool kPingPong = kPingPong_;
-  static constexpr int kKStages = kPingPong ? 3 : kKVStages;  // K buffers
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = kWarps * 16 * kMTiles;
   static constexpr int kPitch = kHeadDim + 8;  // smem row, elements
   static constexpr int kSmemQ = kBlockM * kPitch;
   static constexpr int kSmemKV = (kBlockN > kBlockNSm100 ? kBlockN : kBlockNSm100) * kPitch;
-  static constexpr int kSmemBytes = (kSmemQ + (kKStages + kKVStages) * kSmemKV) * 2;
+  static constexpr int kSmemBytes = (kSmemQ + 2 * kKVStages * kSmemKV) * 2;
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0 && kBlockNSm100 % 16 == 0 && kBlockNMasked % 16 == 0 &&
                     kBlockNMasked <= kBlockNSm100 && kBlockNMasked <= kBlockN && kBlockNDense % 16 == 0 &&
-                    kBlockNDense <= kBlockNMasked && (kKVStages == 1 || kKVStages == 2) &&
-                    (!kPingPong || (kKVStages == 2 && !kPipelineS && kWarps % 2 == 0)),
+                    kBlockNDense <= kBlockNMasked && (kKVStages == 1 || kKVStages == 2),
                 "tile shape");
 };
 
@@ -140,23 +131,6 @@ template <> struct FwdTileFor<128> {
   using type = FwdTile<128, JAXATTN_FWD128_BN, JAXATTN_FWD128_WARPS, JAXATTN_FWD128_MTILES,
                        JAXATTN_FWD128_MINB, 32, JAXATTN_FWD128_BNM, 16, JAXATTN_FWD128_STAGES, JAXATTN_FWD_PIPE>;
 };
-// The tile of the unmasked forward kernels (the masked ones keep FwdTileFor).
-// (Benchmark knob, default 0: JAXATTN_FWD128_PP=1 gives the H = 128 unmasked
-// kernels 8 warps x 32 rows (1 CTA/SM) in two groups half a step apart, see
-// FwdTile::kPingPong and fwd_kernel.cuh.)
-#ifndef JAXATTN_FWD128_PP
-#define JAXATTN_FWD128_PP 0
-#endif
-#ifndef JAXATTN_FWD128_PP_BN
-#define JAXATTN_FWD128_PP_BN 48
-#endif
-template <int kHeadDim>
-struct FwdTileUnmaskedFor { using type = typename FwdTileFor<kHeadDim>::type; };
-#if JAXATTN_FWD128_PP
-template <> struct FwdTileUnmaskedFor<128> {
-  using type = FwdTile<128, JAXATTN_FWD128_PP_BN, 8, 2, 1, 32, 32, 16, 2, false, true>;
-};
-#endif
 template <> struct FwdTileFor<192> { using type = FwdTile<192, 64, 8, 1, 1, 64, 64, 32>; };
 #ifndef JAXATTN_FWD256_BN
 #define JAXATTN_FWD256_BN 64
@@ -194,11 +168,6 @@ template <> struct FwdTileFor<256> {
 // the pair), and each accumulates dV, dK for the 32 keys and one half of the
 // head dim. Per MMA this reads about a fifth less shared memory (Q and dO
 // slices of 32 queries / H/2 columns instead of all kBlockM queries / H).
-// (Benchmark knob, default 0: JAXATTN_BWD_ROLES=1 splits the work of a warp pair
-// by operand instead of by columns, see bwd_kernel.cuh; kPair kernels.)
-#ifndef JAXATTN_BWD_ROLES
-#define JAXATTN_BWD_ROLES 0
-#endif
 template <int kHeadDim_, int kBlockM_, int kWarps_, bool kSplitDV_, int kMinBlocks_ = 1, bool kPair_ = false>
 struct BwdTile {
   static constexpr bool kPair = kPair_;
@@ -229,8 +198,7 @@ struct BwdTile {
   static constexpr int kOffdO = kOffQ + 2 * kBlockM * kPitch;
   static constexpr int kOffdS = kOffdO + 2 * kBlockM * kPitch;
   static constexpr int kOffP = kOffdS + 2 * kBlockN * kDsPitch;  // kPair: P^T [kBlockN][kDsPitch]
-  // (JAXATTN_BWD_ROLES: P^T is kept in f32, twice the elements.)
-  static constexpr int kElems = kOffP + (kPair ? kBlockN * kDsPitch * (JAXATTN_BWD_ROLES ? 2 : 1) : 0);
+  static constexpr int kElems = kOffP + (kPair ? kBlockN * kDsPitch : 0);
   static constexpr int kSmemBytes = kElems * 2 + 4 * kBlockM * 4;
   static_assert(kWarps % kDqWarpsM == 0 && kDqCols % 16 == 0, "dQ warp layout");
   static_assert(!kPair || (!kSplitDV && kWarps % 2 == 0 && kBlockM % 32 == 0 && kHeadDim % 32 == 0),

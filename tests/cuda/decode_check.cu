@@ -371,7 +371,7 @@ static void bench(double peak) {
   struct Col { const char* name; int variant; int layout; };
   const Col cols[] = {{"default", def, 0},
                       {"short + long chunks", jc::kV2ShortLong, 0},
-                      {"default + touch ahead", def | jc::kV2TouchAhead, 0},
+                      {"short", jc::kV2Short, 0},
                       {"default identity", def, 2},
                       {"default + touch", def | jc::kV2Touch, 0},
                       {"default contig", def, 1},
