@@ -12,6 +12,10 @@ cap; --no-masks skips it). It checks out, lse, dq, dk, dv against the float64
 reference (tests/reference64.py) and exits 1 on a mismatch or a non-finite
 value, 2 when the CUDA kernels cannot run here.
 
+On sm_90 "cuda" runs the Hopper kernels; `--implementation cuda_sm80 --H 128 --T 300`
+runs the portable ones (at H=128 their backward uses the staggered warp-pair layout),
+e.g. under `compute-sanitizer --tool racecheck --kernel-name kns=flash_bwd_kernel`.
+
 For the sanitizer to see out-of-bounds accesses, every buffer should be its
 own cudaMalloc: run with XLA_PYTHON_CLIENT_ALLOCATOR=platform (the script
 sets it, and XLA_PYTHON_CLIENT_PREALLOCATE=false, unless already set).
