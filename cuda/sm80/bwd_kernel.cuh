@@ -37,8 +37,8 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
   constexpr int kAccM = kPair ? 2 : 1;              // m16 tiles (keys) of dK, dV
   constexpr int kAcc8 = kPair ? kH / 16 : kH / 8;   // n8 tiles (columns) of dK, dV
   constexpr int kQH = kBM / 2;                      // kPair: queries of a warp's S^T
-  // (Variants, tile_config.cuh: kStagger, the second half of the warps adds
-  // the previous step's dQ at the end of a step; kLeanDq, branch-free dQ adds
+  // (tile_config.cuh, both on by default: kStagger, the second half of the warps
+  // adds the previous step's dQ at the end of a step; kLeanDq, branch-free dQ adds
   // for full query blocks.)
   constexpr bool kStagger = kPair && JAXATTN_BWD_STAGGER != 0;
   constexpr bool kLeanDq = kPair && JAXATTN_BWD_LEAN_DQ != 0;
@@ -219,19 +219,19 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
             ptx::red_add_f32x2(dst + (i * 16 + 8 * h) * row_stride + j * 8, dq[i][j][2 * h], dq[i][j][2 * h + 1]);
     } else {
 #pragma unroll
-    for (int i = 0; i < kDqM; ++i)
+      for (int i = 0; i < kDqM; ++i)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + dq_m + i * 16 + g + 8 * h;
-        if (row < T) {
-          float* dst_row = dq_accum + int64_t(row) * N * hd;
+        for (int h = 0; h < 2; ++h) {
+          const int row = m0 + dq_m + i * 16 + g + 8 * h;
+          if (row < T) {
+            float* dst_row = dq_accum + int64_t(row) * N * hd;
 #pragma unroll
-          for (int j = 0; j < kDq8; ++j) {
-            const int col = dq_n + j * 8 + 2 * t;
-            if (col < hd) ptx::red_add_f32x2(dst_row + col, dq[i][j][2 * h], dq[i][j][2 * h + 1]);
+            for (int j = 0; j < kDq8; ++j) {
+              const int col = dq_n + j * 8 + 2 * t;
+              if (col < hd) ptx::red_add_f32x2(dst_row + col, dq[i][j][2 * h], dq[i][j][2 * h + 1]);
+            }
           }
         }
-      }
     }
 #endif
     if (sem) {
