@@ -93,8 +93,8 @@ struct BwdTraits {
   // run, +1 / +1.2 / +0.5% non-causal (T = 1K / 4K / 16K); the causal split kernels keep
   // the plain store.
   static constexpr bool kDqStoreSpread = kHeadDim == 128 || (kHeadDim == 64 && kPingpong);
-  static constexpr int kProducerRegs = kDqWarp && kHeadDim == 64 ? 32 : 24;
-  static constexpr int kConsumerRegs = kDqWarp && kHeadDim == 64 ? 232 : 240;
+  static constexpr int kProducerRegs = kHeadDim == 64 ? 32 : 24;
+  static constexpr int kConsumerRegs = kHeadDim == 64 ? 232 : 240;
   static_assert((kProducerRegs + kConsumerWarpgroups * kConsumerRegs) * 128 <= 168 * 384, "register pool");
 
   static constexpr int kChunks = kHeadDim / 64;

@@ -16,12 +16,12 @@
 // short-context variants of issue 9: "v2short" (kV2Short: the >= 0.9-wave
 // plan, cluster merge of 2 chunks), "v2shnc" (the same plan, combine kernel)
 // and "v2shlong" (kV2ShortLong: kV2Short with chunks beyond kMaxChunk).
-// The bench times, per issue-9 row, the default next to kV2Short and its
-// neighbours (long chunks, refill, no cluster; shuffled pages; the default
-// and kV2Short also as a contiguous cache; the default twice, first and
-// last, to show the noise), optionally (--sweep) forced split counts on the
-// short rows, and ends with the short table of the issue-9 bar (paged, % of
-// read bandwidth, default vs kV2Short).
+// The bench times, per issue-9 row, the default next to kV2Short, kV2Short
+// with long chunks, the default with kV2Touch and the session-5 loader
+// (shuffled pages), the default through the identity page table, and the
+// default and kV2Short as a contiguous cache; optionally (--sweep) forced
+// split counts on the short rows; it ends with the short table of the issue-9
+// bar (paged, % of read bandwidth, default vs the session-5 loader).
 //
 // Usage: decode_check [--quick] [--no-bench] [--no-check] [--bench-only]
 //   --quick: a few small cases, no benchmark (for compute-sanitizer).
@@ -357,8 +357,9 @@ static void time_round_robin(std::vector<CallTimer>& timers, double bytes, int r
 
 // The issue's rows (paged, page size 64, N=32 K=8 H=128 bf16 Tq=1, every row
 // full). One K and one V buffer per (B, L) hold B * L / 64 pages, read
-// through a shuffled page table (the bar) and, for two columns, as a
-// contiguous cache [B, L, K, H] (the same bytes, no page table).
+// through a shuffled page table (the bar), for one column through the
+// identity table, and for two columns as a contiguous cache [B, L, K, H]
+// (the same bytes, no page table).
 static bool g_sweep = false;  // --sweep: forced split counts on the short rows
 static int g_only_B = 0, g_only_L = 0;  // --row B L: bench that row only (profiling)
 
@@ -478,10 +479,16 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--bench-only")) do_check = false, do_bench = true;
     if (!std::strcmp(argv[i], "--fast")) fast = true;
     if (!std::strcmp(argv[i], "--sweep")) g_sweep = true;
-    if (!std::strcmp(argv[i], "--row") && i + 2 < argc) {
-      g_only_B = std::atoi(argv[i + 1]);
-      g_only_L = std::atoi(argv[i + 2]);
+    if (!std::strcmp(argv[i], "--row")) {
+      if (i + 2 < argc) g_only_B = std::atoi(argv[i + 1]), g_only_L = std::atoi(argv[i + 2]);
+      const bool known = (g_only_B == 16 || g_only_B == 32 || g_only_B == 64) &&
+                         (g_only_L == 4096 || g_only_L == 16384 || g_only_L == 65536);
+      if (!known) {
+        std::fprintf(stderr, "--row B L: B in {16, 32, 64}, L in {4096, 16384, 65536}\n");
+        return 2;
+      }
       do_check = false;
+      i += 2;
     }
   }
   std::vector<DecodeCase> cases;
