@@ -28,7 +28,9 @@ best case, which no paged-cache user gets).
 Timing: jitted, compiled ahead of time, `--warmup` untimed calls, then
 `--rep-batches` batches of `--reps` calls issued back to back (one
 block_until_ready per batch, so small calls are not timed as launch
-latency), the implementations of a row taking turns batch by batch (round
+latency; by default as many calls as make a batch ~20 ms, 10..400: with 10
+calls the first call's dispatch and the final wake-up added ~10% to a 70 us
+call), the implementations of a row taking turns batch by batch (round
 robin); the time of a call is the median batch time / reps. Rows stop
 starting after `--time-budget` seconds (default 80: the default grid takes
 about a minute on an H200). A failing
@@ -68,7 +70,8 @@ def parse_args(argv=None):
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--queries", type=int, default=1, help="Tq")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--reps", type=int, default=0,
+                   help="calls per batch; 0: as many as make a batch ~20 ms (10..400)")
     p.add_argument("--rep-batches", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--time-budget", type=float, default=80.0, help="seconds; later rows are skipped")
@@ -76,8 +79,11 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def measure(jax, fn, args, reps, warmup, batches=3):
-    """(seconds per call, output): median over `batches` of `reps` back-to-back calls."""
+def measure(jax, fn, args, reps, warmup, batches=3, enqueue=None):
+    """(seconds per call, output): median over `batches` of `reps` back-to-back calls.
+    `enqueue`: a list that gets each batch's host time per call up to the last
+    call's return (before the sync): when it is close to the time per call, the
+    batch is bound by the host's dispatch, not by the device."""
     out = None
     for _ in range(warmup):
         out = jax.block_until_ready(fn(*args))
@@ -86,9 +92,20 @@ def measure(jax, fn, args, reps, warmup, batches=3):
         t0 = time.perf_counter()
         for _ in range(reps):
             out = fn(*args)
+        t1 = time.perf_counter()
         jax.block_until_ready(out)
         times.append((time.perf_counter() - t0) / reps)
+        if enqueue is not None:
+            enqueue.append((t1 - t0) / reps)
     return statistics.median(times), out
+
+
+def reps_for(jax, fn, args, target_s=20e-3, lo=10, hi=400):
+    """Calls per batch so that a batch lasts about `target_s` (one timed call decides)."""
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    one = max(time.perf_counter() - t0, 1e-6)
+    return int(min(hi, max(lo, round(target_s / one))))
 
 
 def failure(e) -> dict:
@@ -178,7 +195,7 @@ def main(argv=None):
             # are timed round robin (one batch of each per repetition), so clock /
             # thermal drift lands on all columns alike (sequential timing read the
             # same kernel up to 11 points of bandwidth apart, session 6).
-            ref, compiled, times = None, {}, {}
+            ref, compiled, times, reps, enqueue = None, {}, {}, {}, {}
             for name in impls:  # "jaxattn xla paged" first: the reference of the others
                 try:
                     fn = jax.jit(impls[name]).lower(*inputs).compile()
@@ -199,20 +216,24 @@ def main(argv=None):
                             q, kp if paged else kc, vp if paged else vc, kv_lengths=lengths,
                             block_table=table if paged else None, implementation=impl, platform=platform)
                     compiled[name], times[name] = fn, []
+                    reps[name] = args.reps or reps_for(jax, fn, inputs)
+                    enqueue[name] = []
                 except Exception as e:  # noqa: BLE001 - record and go on
                     rec = failure(e)
                 row["impls"][name] = rec
             for _ in range(args.rep_batches):
                 for name, fn in list(compiled.items()):
                     try:
-                        t, _ = measure(jax, fn, inputs, args.reps, 0, batches=1)
+                        t, _ = measure(jax, fn, inputs, reps[name], 0, batches=1, enqueue=enqueue[name])
                         times[name].append(t)
                     except Exception as e:  # noqa: BLE001
                         row["impls"][name] = failure(e)
                         del compiled[name]
             for name in compiled:
                 t = statistics.median(times[name])
-                row["impls"][name].update({"ms": t * 1e3, "GB/s": nbytes / t / 1e9, "of_peak": nbytes / t / peak})
+                row["impls"][name].update({"ms": t * 1e3, "GB/s": nbytes / t / 1e9, "of_peak": nbytes / t / peak,
+                                           "calls_per_batch": reps[name],
+                                           "host_enqueue_ms": statistics.median(enqueue[name]) * 1e3})
             for name in impls:
                 print(f"B={B} L={L} {name}: {row['impls'].get(name)}", file=sys.stderr)
             del compiled, ref
@@ -248,6 +269,15 @@ def main(argv=None):
                 theirs = [t for t in theirs if t is not None]
                 cells.append(f"{min(theirs) / ours:.2f}x" if ours and theirs else "n/a")
         print(f"| {r['B']} | {r['L']} | " + " | ".join(cells) + " |")
+    if "cuda_v2 paged" in impls:
+        # Host-bound check: a batch whose calls are enqueued about as slowly as they
+        # complete measures the host's dispatch, not the kernel.
+        print("\n| B | L | cuda_v2 paged us / call | host enqueue us / call | calls per batch |\n|---|---|---|---|---|")
+        for r in rows:
+            rec = r["impls"].get("cuda_v2 paged", {})
+            if rec.get("ms") is not None:
+                print(f"| {r['B']} | {r['L']} | {rec['ms'] * 1e3:.1f} | {rec['host_enqueue_ms'] * 1e3:.1f} | "
+                      f"{rec['calls_per_batch']} |")
     bad = any(not rec.get("check_ok", True) for r in rows for rec in r["impls"].values())
     return 1 if bad else 0
 

@@ -79,6 +79,29 @@ __device__ __forceinline__ void prefetch_l2(const void* gmem) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem));
 }
 
+// Programmatic dependent launch (sm_90+; no-ops before, and when the grid
+// was launched without the programmatic-serialization attribute):
+// griddep_wait blocks until the grids this one depends on have completed and
+// their memory is visible; griddep_launch_dependents lets the next grid in
+// the stream launch once every CTA of this one has called it (or exited).
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Nanoseconds of the GPU's global timer (profiling builds only).
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 // Closes the current group of cp.async copies.
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);

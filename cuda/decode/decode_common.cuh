@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "common/params.h"
+#include "common/ptx.h"
 #include "decode/decode_plan.h"
 
 namespace jaxattn::cuda::decode {
@@ -43,6 +44,7 @@ __device__ __forceinline__ void row_keys(const AttnParams& p, int b, int* lo, in
 // element h of the plan.splits partial outputs.
 template <bool kBf16>
 __global__ void decode_combine_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan) {
+  ptx::griddep_wait();  // launched programmatically after the split kernel (plan.pdl): its partials
   const int row = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
   const int G = p.num_heads / p.num_heads_k, K = p.num_heads_k, H = p.head_dim;
   const int64_t slot0 = ((int64_t(b) * K + kh) * p.num_splits) * plan.rows + row;

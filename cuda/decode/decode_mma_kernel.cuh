@@ -112,6 +112,23 @@ __device__ __forceinline__ float ld_cluster_f32(uint32_t addr, int rank) {
 #endif
 }
 
+#ifdef JAXATTN_DECODE_TIMELINE
+// Profiling builds only (decode_check --timeline): thread 0 of each CTA
+// records global-timer stamps of its phases (kTimelineMarks per CTA: start,
+// prologue done, first tile in, middle tile in, loop done, end, SM id) into
+// buf[call][cta], call = how many times this CTA index has run before.
+constexpr int kTimelineMarks = 8;
+struct DecodeTimeline {
+  unsigned long long* buf;
+  unsigned* calls;  // [ctas]
+  int max_calls, ctas;
+};
+__device__ DecodeTimeline g_decode_timeline;
+#define JAXATTN_DECODE_MARK(i) (tl_stamp[i] = ptx::global_timer_ns())
+#else
+#define JAXATTN_DECODE_MARK(i) ((void)0)
+#endif
+
 template <int H, bool kBf16>
 __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     decode_mma_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan) {
@@ -128,6 +145,17 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   const int kh = blockIdx.y, b = blockIdx.z;
   const int T = p.seqlen_q, G = p.num_heads / p.num_heads_k, K = p.num_heads_k;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+#ifdef JAXATTN_DECODE_TIMELINE
+  unsigned long long tl_stamp[kTimelineMarks] = {};
+#endif
+  JAXATTN_DECODE_MARK(0);
+  // plan.pdl (launched with programmatic stream serialization): nothing the
+  // previous grid writes is read before it has completed; the next grid may
+  // launch now (its CTAs take SM slots as ours free them, then wait likewise).
+  if (plan.pdl) {
+    ptx::griddep_wait();
+    ptx::griddep_launch_dependents();
+  }
   const int r0 = rb * L::kRows;
   const int rows_here = min(L::kRows, plan.rows - r0);
 
@@ -166,6 +194,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     *reinterpret_cast<uint4*>(q_s + r * kPitch + col) = v;
   }
   __syncthreads();  // pages_s, q_s
+  JAXATTN_DECODE_MARK(1);
 
   // The loader: thread tid copies column chunk tid % kChunksPerRow of tile
   // rows tid / kChunksPerRow + k * kRowsPerPass. Rows past j_end are zero-filled.
@@ -318,6 +347,10 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       ptx::cp_async_commit();
     }
     if (prefetch > 0 && tile + ahead + prefetch < num_tiles) prefetch_tile(tile + ahead + prefetch);
+#ifdef JAXATTN_DECODE_TIMELINE
+    if (tile == 0) JAXATTN_DECODE_MARK(2);
+    if (tile == num_tiles / 2) JAXATTN_DECODE_MARK(3);
+#endif
     const uint32_t stage_off = (tile % kStages) * 2 * L::kTileElems * 2;
 
     float s_acc[1][2][4];
@@ -371,6 +404,29 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   }
   ptx::cp_async_wait<0>();
   __syncthreads();  // the ring is free: the merge buffers alias it
+  JAXATTN_DECODE_MARK(4);
+#ifdef JAXATTN_DECODE_TIMELINE
+  // Writes the stamps (mark 5 = now, the end of the CTA's work but its
+  // output stores) when the CTA returns.
+  struct TimelineFlush {
+    unsigned long long* stamp;
+    int tid;
+    __device__ ~TimelineFlush() {
+      const DecodeTimeline t = g_decode_timeline;
+      if (tid != 0 || t.buf == nullptr) return;
+      stamp[5] = ptx::global_timer_ns();
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      stamp[6] = sm;
+      const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+      if (cta >= t.ctas) return;
+      const unsigned call = atomicAdd(t.calls + cta, 1u);
+      if (call >= unsigned(t.max_calls)) return;
+      unsigned long long* dst = t.buf + (size_t(call) * t.ctas + cta) * kTimelineMarks;
+      for (int i = 0; i < kTimelineMarks; ++i) dst[i] = stamp[i];
+    }
+  } tl_flush{tl_stamp, tid};
+#endif
 
   // Merge the warps: each writes its (m, l, o) rows; then per row the
   // common max M, the sum L and every warp's weight 2^(m_w - M) / L.

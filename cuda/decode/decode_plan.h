@@ -46,6 +46,11 @@ struct DecodePlan {
   // workspace round trip, no combine kernel. Grid x is then rb * splits + split
   // (the cluster's CTAs adjacent) instead of split * row_blocks + rb.
   bool cluster;
+  // pdl: launched with programmatic stream serialization (sm_90+; kV2Pdl):
+  // the kernel waits for the previous grid on the device (griddepcontrol)
+  // instead of in the launch queue, so its launch and the previous grid's
+  // tail overlap.
+  bool pdl;
 };
 
 constexpr int kMaxClusterSplits = 8;  // portable cluster size

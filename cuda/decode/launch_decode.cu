@@ -29,12 +29,18 @@ int device_sms() {
 
 LaunchStatus launch_combine(const AttnParams& p, const DecodePlan& plan, cudaStream_t stream) {
   const dim3 grid(plan.rows, p.num_heads_k, p.batch);
-  if (p.dtype == DType::kBF16) {
-    decode_combine_kernel<true><<<grid, p.head_dim, 0, stream>>>(p, plan);
-  } else {
-    decode_combine_kernel<false><<<grid, p.head_dim, 0, stream>>>(p, plan);
-  }
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {e, "decode_combine_kernel"};
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(p.head_dim, 1, 1);
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = plan.pdl ? 1 : 0;
+  const cudaError_t e = p.dtype == DType::kBF16 ? cudaLaunchKernelEx(&cfg, decode_combine_kernel<true>, p, plan)
+                                                : cudaLaunchKernelEx(&cfg, decode_combine_kernel<false>, p, plan);
+  if (e != cudaSuccess) return {e, "decode_combine_kernel"};
   return {};
 }
 

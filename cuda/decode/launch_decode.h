@@ -66,6 +66,11 @@ constexpr int kV2Refill = 4;
 constexpr int kV2Waves = 1 << 8;
 constexpr int kV2Cluster = 1 << 9;
 constexpr int kV2LongChunks = 1 << 10;
+// kV2Pdl: programmatic dependent launch (sm_90+): the kernel (and the combine
+// kernel after it) are launched with programmatic stream serialization and
+// wait for the previous grid on the device, so a launch overlaps the tail of
+// the grid before it.
+constexpr int kV2Pdl = 1 << 11;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 // kV2Short: the short-context candidate for the default (H200 run 1 of the
@@ -91,6 +96,16 @@ constexpr int kDecodeV2DefaultVariant = JAXATTN_DECODE_V2_VARIANT;
 // whether its chunks merge in a cluster (no launch; sets up the kernel's
 // shared-memory limit on first use like a launch does). 0 when version 1 would run.
 int decode_v2_plan_splits(const AttnParams& p, int forced_chunk, int variant, bool* cluster);
+
+#ifdef JAXATTN_DECODE_TIMELINE
+// Profiling builds (decode_check --timeline): where decode_mma_kernel records
+// its per-CTA phase stamps (buf [max_calls][ctas][8], calls [ctas] zeroed;
+// buf = nullptr: off).
+cudaError_t decode_timeline_set(unsigned long long* buf, unsigned* calls, int max_calls, int ctas);
+namespace decode {
+constexpr int kTimelineMarksHost = 8;  // = kTimelineMarks (decode_mma_kernel.cuh)
+}
+#endif
 
 // The two versions (decode_fwd dispatches; same contract). `variant`: kV2* bits.
 LaunchStatus decode_fwd_v1(const AttnParams& p, cudaStream_t stream, int forced_chunk);

@@ -46,23 +46,32 @@ int resident_ctas(cudaError_t* err) {
   return n;
 }
 
-// The launch configuration of decode_mma_kernel<H, *> on `grid` in clusters of
-// `splits` CTAs along x (`attr` holds the cluster attribute the config points to).
+// The launch configuration of decode_mma_kernel<H, *> on `grid`: in clusters of
+// `splits` CTAs along x when splits > 1, with programmatic stream serialization
+// when pdl (`attrs` holds the attributes the config points to).
 template <int H>
-cudaLaunchConfig_t cluster_config(dim3 grid, int splits, cudaStream_t stream, cudaLaunchAttribute& attr) {
+cudaLaunchConfig_t launch_config(dim3 grid, int splits, bool pdl, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
   using L = decode::MmaLayout<H>;
-  attr = cudaLaunchAttribute{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = splits;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(L::kThreads, 1, 1);
   cfg.dynamicSmemBytes = L::kSmemBytes;
   cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cfg.attrs = attrs;
+  if (splits > 1) {
+    cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
+    a = cudaLaunchAttribute{};
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = splits;
+    a.val.clusterDim.y = 1;
+    a.val.clusterDim.z = 1;
+  }
+  if (pdl) {
+    cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
+    a = cudaLaunchAttribute{};
+    a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a.val.programmaticStreamSerializationAllowed = 1;
+  }
   return cfg;
 }
 
@@ -89,13 +98,35 @@ bool cluster_ok(int splits) {
   if (good(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) && major >= 9 &&
       good(cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, dev)) && launch &&
       good(cudaFuncGetAttributes(&fa, kernel)) && fa.ptxVersion >= 90) {
-    cudaLaunchAttribute attr{};
-    const cudaLaunchConfig_t cfg = cluster_config<H>(dim3(splits, 1, 1), splits, nullptr, attr);
+    cudaLaunchAttribute attrs[2];
+    const cudaLaunchConfig_t cfg = launch_config<H>(dim3(splits, 1, 1), splits, false, nullptr, attrs);
     int clusters = 0;
     ok = good(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg)) && clusters > 0;
   }
   if (failed) cudaGetLastError();  // a failed query leaves no error behind for the next launch check
   cache[slot][splits].store(ok ? 1 : -1, std::memory_order_release);
+  return ok;
+}
+
+// Whether decode_mma_kernel<H, kBf16> may be launched with programmatic
+// stream serialization (kV2Pdl): its code on this device was compiled for
+// sm_90+ (binary and PTX), where it waits for the previous grid itself
+// (griddepcontrol.wait; compiled out below sm_90). Queried once per device.
+template <int H, bool kBf16>
+bool pdl_ok() {
+  static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 yes, -1 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
+  const int known = cache[slot].load(std::memory_order_acquire);
+  if (known != 0) return known > 0;
+  cudaFuncAttributes fa{};
+  int major = 0;
+  bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
+            cudaFuncGetAttributes(&fa, decode::decode_mma_kernel<H, kBf16>) == cudaSuccess &&
+            fa.binaryVersion >= 90 && fa.ptxVersion >= 90;
+  if (!ok) cudaGetLastError();
+  cache[slot].store(ok ? 1 : -1, std::memory_order_release);
   return ok;
 }
 
@@ -174,22 +205,23 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
   const int per_sm = resident_ctas<H, kBf16>(&err);
   if (err != cudaSuccess) return {err, "decode_mma_kernel (shared-memory attribute)"};
   if (per_sm < 0) return decode_fwd_v1(p, stream, forced_chunk);  // too little shared memory here
-  const DecodePlan plan = plan_v2(p, decode::device_sms() * per_sm, forced_chunk, variant,
-                                  [](int s) { return cluster_ok<H, kBf16>(s); });
+  DecodePlan plan = plan_v2(p, decode::device_sms() * per_sm, forced_chunk, variant,
+                            [](int s) { return cluster_ok<H, kBf16>(s); });
+  plan.pdl = (variant & kV2Pdl) != 0 && pdl_ok<H, kBf16>();
   if (plan.splits > std::max(p.num_splits, 1) || (plan.splits > 1 && p.split_o == nullptr))
     return {cudaErrorInvalidValue, "decode_fwd (workspace too small for the row capacity)"};
   if (p.batch > 65535 || p.num_heads_k > 65535) return {cudaErrorInvalidValue, "decode_fwd (grid too large)"};
   const dim3 grid(plan.splits * plan.row_blocks, p.num_heads_k, p.batch);
-  if (plan.cluster) {
-    cudaLaunchAttribute attr{};
-    const cudaLaunchConfig_t cfg = cluster_config<H>(grid, plan.splits, stream, attr);
+  if (plan.cluster || plan.pdl) {
+    cudaLaunchAttribute attrs[2];
+    const cudaLaunchConfig_t cfg = launch_config<H>(grid, plan.cluster ? plan.splits : 1, plan.pdl, stream, attrs);
     if (cudaError_t e = cudaLaunchKernelEx(&cfg, decode::decode_mma_kernel<H, kBf16>, p, plan); e != cudaSuccess)
-      return {e, "decode_mma_kernel (cluster launch)"};
-    return {};  // merged in the kernel
+      return {e, plan.cluster ? "decode_mma_kernel (cluster launch)" : "decode_mma_kernel (programmatic launch)"};
+  } else {
+    decode::decode_mma_kernel<H, kBf16><<<grid, L::kThreads, L::kSmemBytes, stream>>>(p, plan);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {e, "decode_mma_kernel"};
   }
-  decode::decode_mma_kernel<H, kBf16><<<grid, L::kThreads, L::kSmemBytes, stream>>>(p, plan);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {e, "decode_mma_kernel"};
-  if (plan.splits == 1) return {};
+  if (plan.splits == 1 || plan.cluster) return {};  // (cluster: merged in the kernel)
   return decode::launch_combine(p, plan, stream);
 }
 
@@ -227,6 +259,14 @@ int decode_v2_plan_splits(const AttnParams& p, int forced_chunk, int variant, bo
                          : plan_splits<256, false>(p, forced_chunk, variant, cluster);
   }
 }
+
+#ifdef JAXATTN_DECODE_TIMELINE
+static_assert(decode::kTimelineMarks == decode::kTimelineMarksHost, "timeline record size");
+cudaError_t decode_timeline_set(unsigned long long* buf, unsigned* calls, int max_calls, int ctas) {
+  const decode::DecodeTimeline t{buf, calls, max_calls, ctas};
+  return cudaMemcpyToSymbol(decode::g_decode_timeline, &t, sizeof t);
+}
+#endif
 
 LaunchStatus decode_fwd_v2(const AttnParams& p, cudaStream_t stream, int forced_chunk, int variant) {
   return p.dtype == DType::kBF16 ? launch_head_dim<true>(p, stream, forced_chunk, variant)

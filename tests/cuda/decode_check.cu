@@ -135,7 +135,8 @@ static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int nu
 // Kernel ids of this checker: 1 = v1, 2 = v2 old loader, 3 = v2 new loader,
 // 4 = v2 as decode_fwd(version 2) runs it (the default variant), 5 = v2 with
 // every loader bit (hoist, touch, 8 tiles of L2 prefetch), 6 = kV2Short,
-// 7 = kV2Short without the cluster merge, 8 = kV2ShortLong.
+// 7 = kV2Short without the cluster merge, 8 = kV2ShortLong, 9 = the default
+// with programmatic dependent launch (kV2Pdl).
 constexpr int kShortNoCluster = jc::kV2Short & ~jc::kV2Cluster;
 static const char* kernel_name(int kernel) {
   switch (kernel) {
@@ -146,6 +147,7 @@ static const char* kernel_name(int kernel) {
     case 6: return "v2short";
     case 7: return "v2shnc";
     case 8: return "v2shlong";
+    case 9: return "v2pdl";
     default: return "v2";
   }
 }
@@ -160,6 +162,7 @@ static jaxattn::cuda::LaunchStatus run_kernel(const AttnParams& p, int kernel, i
     case 6: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short);
     case 7: return jc::decode_fwd_v2(p, nullptr, chunk, kShortNoCluster);
     case 8: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2ShortLong);
+    case 9: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant | jc::kV2Pdl);
     default: return jc::decode_fwd(p, nullptr, 2, chunk);
   }
 }
@@ -361,10 +364,54 @@ static void time_round_robin(std::vector<CallTimer>& timers, double bytes, int r
 // identity table, and for two columns as a contiguous cache [B, L, K, H]
 // (the same bytes, no page table).
 static bool g_sweep = false;  // --sweep: forced split counts on the short rows
+constexpr int kBenchN = 32, kBenchK = 8, kBenchH = 128, kBenchPage = 64;
+
+// One issue-9 row's buffers: the paged call (shuffled table), the same pages
+// through the identity table (pid), and as a contiguous cache (pc).
+struct BenchRow {
+  Call call;
+  int32_t* identity = nullptr;
+  AttnParams pid, pc;
+  double bytes;  // K, V, Q and O
+  BenchRow(int B, int L) {
+    const int N = kBenchN, K = kBenchK, H = kBenchH, ps = kBenchPage;
+    DecodeCase c{B, 1, N, K, H, L, ps, true};
+    const int max_pages = L / ps, num_pages = B * max_pages;
+    call = make_call(c, ps, max_pages, num_pages);
+    const size_t cache = size_t(num_pages) * ps * K * H;
+    CUDA_CHECK(cudaMalloc(&call.q, size_t(B) * N * H * 2));
+    CUDA_CHECK(cudaMalloc(&call.k, cache * 2));
+    CUDA_CHECK(cudaMalloc(&call.v, cache * 2));
+    fill_random<<<1024, 256>>>(call.q, size_t(B) * N * H, 1u, true);
+    fill_random<<<4096, 256>>>(call.k, cache, 2u, true);
+    fill_random<<<4096, 256>>>(call.v, cache, 3u, true);
+    std::vector<int32_t> perm(num_pages), len(B, L);
+    for (int i = 0; i < num_pages; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), std::mt19937_64(B * 7 + L));
+    call.table = upload(perm);
+    call.lengths = upload(len);
+    AttnParams& p = call.p;
+    p.q = call.q, p.k = call.k, p.v = call.v, p.block_table = call.table, p.kv_lengths = call.lengths;
+    for (int i = 0; i < num_pages; ++i) perm[i] = i;
+    identity = upload(perm);
+    pid = p;  // the paged path over pages in order
+    pid.block_table = identity;
+    pc = p;  // contiguous [B, L, K, H]: row b = pages b * max_pages ...
+    pc.block_table = nullptr;
+    pc.page_size = pc.max_pages = pc.num_pages = 0;
+    pc.k_batch_stride = pc.v_batch_stride = int64_t(L) * p.k_row_stride;
+    bytes = (2.0 * B * L * K * H + 2.0 * B * N * H) * 2;
+  }
+  ~BenchRow() {
+    call.free_all();
+    cudaFree(identity);
+  }
+  BenchRow(const BenchRow&) = delete;
+  BenchRow& operator=(const BenchRow&) = delete;
+};
 static int g_only_B = 0, g_only_L = 0;  // --row B L: bench that row only (profiling)
 
 static void bench(double peak) {
-  const int N = 32, K = 8, H = 128, ps = 64;
   const int def = jc::kDecodeV2DefaultVariant;
   // layout: 0 paged, shuffled pages; 1 contiguous (the same buffer, row b's pages in
   // order); 2 paged with the identity table (the contiguous layout read through the
@@ -398,32 +445,9 @@ static void bench(double peak) {
   for (int B : {16, 32, 64}) {
     for (int L : {4096, 16384, 65536}) {
       if (g_only_B && (B != g_only_B || L != g_only_L)) continue;
-      DecodeCase c{B, 1, N, K, H, L, ps, true};
-      const int max_pages = L / ps, num_pages = B * max_pages;
-      Call call = make_call(c, ps, max_pages, num_pages);
-      const size_t cache = size_t(num_pages) * ps * K * H;
-      CUDA_CHECK(cudaMalloc(&call.q, size_t(B) * N * H * 2));
-      CUDA_CHECK(cudaMalloc(&call.k, cache * 2));
-      CUDA_CHECK(cudaMalloc(&call.v, cache * 2));
-      fill_random<<<1024, 256>>>(call.q, size_t(B) * N * H, 1u, true);
-      fill_random<<<4096, 256>>>(call.k, cache, 2u, true);
-      fill_random<<<4096, 256>>>(call.v, cache, 3u, true);
-      std::vector<int32_t> perm(num_pages), len(B, L);
-      for (int i = 0; i < num_pages; ++i) perm[i] = i;
-      std::shuffle(perm.begin(), perm.end(), std::mt19937_64(B * 7 + L));
-      call.table = upload(perm);
-      call.lengths = upload(len);
-      AttnParams& p = call.p;
-      p.q = call.q, p.k = call.k, p.v = call.v, p.block_table = call.table, p.kv_lengths = call.lengths;
-      for (int i = 0; i < num_pages; ++i) perm[i] = i;
-      const int32_t* identity = upload(perm);
-      AttnParams pid = p;  // the paged path over pages in order
-      pid.block_table = identity;
-      AttnParams pc = p;  // contiguous [B, L, K, H]: row b = pages b * max_pages ...
-      pc.block_table = nullptr;
-      pc.page_size = pc.max_pages = pc.num_pages = 0;
-      pc.k_batch_stride = pc.v_batch_stride = int64_t(L) * p.k_row_stride;
-      const double bytes = (2.0 * B * L * K * H + 2.0 * B * N * H) * 2;
+      BenchRow br(B, L);
+      const AttnParams &p = br.call.p, &pid = br.pid, &pc = br.pc;
+      const double bytes = br.bytes;
       Row r{B, L, {}};
       std::vector<CallTimer> timers;
       for (int i = 0; i < kCols; ++i)
@@ -448,12 +472,10 @@ static void bench(double peak) {
           const double b = s > 1 ? pair[1].median() : a;
           char buf[200];
           std::snprintf(buf, sizeof buf, "| %d | %d | %d | %d | %.0f (%.0f%%) | %.0f (%.0f%%) |", B, L, s,
-                        (B * K * s + 263) / 264, a, pct(a), b, pct(b));
+                        (B * kBenchK * s + 263) / 264, a, pct(a), b, pct(b));
           sweep.push_back(buf);
         }
       }
-      call.free_all();
-      cudaFree(const_cast<int32_t*>(identity));
     }
   }
   if (g_sweep) {
@@ -469,6 +491,98 @@ static void bench(double peak) {
                 r.g[0] / r.g[kCols - 1], pct(r.g[5]));
 }
 
+#ifdef JAXATTN_DECODE_TIMELINE
+// --timeline B L (profiling build, -DJAXATTN_DECODE_TIMELINE): per variant of
+// that row, GB/s of back-to-back calls (CUDA events, round robin), then the
+// phases of kCalls back-to-back calls from the kernel's own global-timer
+// stamps (decode_mma_kernel.cuh): medians over the calls after the first 10
+// of the per-call launch spread, the prologue (page ids, Q), the first tile's
+// wait, the loop, the epilogue (merge, stores), the span of a call (first CTA
+// start to last CTA end), the gap to the next call's first CTA, and the CTAs'
+// end times as percentiles of the span; last, the number of CTAs in their
+// loop per 4 us of one call.
+static void timeline(double peak, int B, int L) {
+  constexpr int kCalls = 40, kSkip = 10, M = jaxattn::cuda::decode::kTimelineMarksHost;
+  BenchRow br(B, L);
+  const int def = jc::kDecodeV2DefaultVariant;
+  struct Cfg { const char* name; int variant; bool contig; };
+  const Cfg cfgs[] = {{"paged", def, false},           {"paged + pdl", def | jc::kV2Pdl, false},
+                      {"contig", def, true},           {"contig + pdl", def | jc::kV2Pdl, true},
+                      {"paged, combine kernel", kShortNoCluster, false},
+                      {"paged, combine kernel + pdl", kShortNoCluster | jc::kV2Pdl, false}};
+  std::vector<CallTimer> timers;
+  for (const Cfg& c : cfgs) timers.emplace_back(c.contig ? br.pc : br.call.p, 0, c.variant);
+  time_round_robin(timers, br.bytes);
+  std::printf("\n== timeline B=%d L=%d (paged page %d / contiguous), N=%d K=%d H=%d; read bandwidth %.0f GB/s; "
+              "us, medians over calls %d..%d\n", B, L, kBenchPage, kBenchN, kBenchK, kBenchH, peak / 1e9, kSkip,
+              kCalls - 2);
+  std::printf("| variant | GB/s (%%) | splits | CTAs | launch spread | prologue | first tile | loop (min / med / max) "
+              "| epilogue | span | gap to next | period | CTA ends at %% of span (p10 / p50 / p90) |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::string> profiles;
+  for (size_t ci = 0; ci < timers.size(); ++ci) {
+    const Cfg& cfg = cfgs[ci];
+    const AttnParams& p = cfg.contig ? br.pc : br.call.p;
+    bool cl = false;
+    const int splits = jc::decode_v2_plan_splits(p, 0, cfg.variant, &cl);
+    const int ctas = splits * B * kBenchK;  // one row block (Tq * G = 4 rows)
+    unsigned long long* buf = nullptr;
+    unsigned* calls = nullptr;
+    const size_t n = size_t(kCalls) * ctas * M;
+    CUDA_CHECK(cudaMalloc(&buf, n * 8));
+    CUDA_CHECK(cudaMalloc(&calls, ctas * 4));
+    CUDA_CHECK(cudaMemset(buf, 0, n * 8));
+    CUDA_CHECK(cudaMemset(calls, 0, ctas * 4));
+    CUDA_CHECK(jc::decode_timeline_set(buf, calls, kCalls, ctas));
+    for (int c = 0; c < kCalls; ++c) check_launch(run_kernel(p, 0, 0, cfg.variant));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(jc::decode_timeline_set(nullptr, nullptr, 0, 0));
+    std::vector<unsigned long long> h(n);
+    CUDA_CHECK(cudaMemcpy(h.data(), buf, n * 8, cudaMemcpyDeviceToHost));
+    cudaFree(buf);
+    cudaFree(calls);
+    auto at = [&](int c, int cta, int m) { return double(h[(size_t(c) * ctas + cta) * M + m]) * 1e-3; };  // us
+    auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+    auto pctl = [](std::vector<double> v, double q) { std::sort(v.begin(), v.end()); return v[size_t(q * (v.size() - 1))]; };
+    std::vector<double> spread, pro, first, lmin, lmed, lmax, epi, span, gap, period, e10, e50, e90;
+    for (int c = kSkip; c < kCalls - 1; ++c) {
+      double s0 = 1e300, s1 = -1e300, end = -1e300, next0 = 1e300;
+      std::vector<double> vp, vf, vl, ve, ends;
+      for (int k = 0; k < ctas; ++k) {
+        s0 = std::min(s0, at(c, k, 0));
+        s1 = std::max(s1, at(c, k, 0));
+        end = std::max(end, at(c, k, 5));
+        next0 = std::min(next0, at(c + 1, k, 0));
+        vp.push_back(at(c, k, 1) - at(c, k, 0));
+        vf.push_back(at(c, k, 2) - at(c, k, 1));
+        vl.push_back(at(c, k, 4) - at(c, k, 2));
+        ve.push_back(at(c, k, 5) - at(c, k, 4));
+      }
+      for (int k = 0; k < ctas; ++k) ends.push_back(100 * (at(c, k, 5) - s0) / (end - s0));
+      spread.push_back(s1 - s0), pro.push_back(med(vp)), first.push_back(med(vf));
+      lmin.push_back(pctl(vl, 0)), lmed.push_back(med(vl)), lmax.push_back(pctl(vl, 1)), epi.push_back(med(ve));
+      span.push_back(end - s0), gap.push_back(next0 - end), period.push_back(next0 - s0);
+      e10.push_back(pctl(ends, 0.1)), e50.push_back(pctl(ends, 0.5)), e90.push_back(pctl(ends, 0.9));
+      if (c == kCalls / 2) {
+        std::string line = std::string(cfg.name) + ": CTAs in their loop per 4 us:";
+        for (double t = s0; t < end; t += 4) {
+          int active = 0;
+          for (int k = 0; k < ctas; ++k) active += at(c, k, 2) <= t + 2 && t + 2 < at(c, k, 4);
+          line += " " + std::to_string(active);
+        }
+        profiles.push_back(line);
+      }
+    }
+    const double g = timers[ci].median();
+    std::printf("| %s | %.0f (%.0f%%) | %d%s | %d | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f | %.1f | %.1f | %.1f | %.1f | "
+                "%.0f / %.0f / %.0f |\n", cfg.name, g, 100 * g * 1e9 / peak, splits, cl ? "c" : "", ctas, med(spread),
+                med(pro), med(first), med(lmin), med(lmed), med(lmax), med(epi), med(span), med(gap), med(period),
+                med(e10), med(e50), med(e90));
+  }
+  for (const std::string& l : profiles) std::printf("%s\n", l.c_str());
+}
+#endif
+
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout when piped
   bool quick = false, do_bench = true, do_check = true, fast = false;
@@ -479,6 +593,12 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--bench-only")) do_check = false, do_bench = true;
     if (!std::strcmp(argv[i], "--fast")) fast = true;
     if (!std::strcmp(argv[i], "--sweep")) g_sweep = true;
+#ifdef JAXATTN_DECODE_TIMELINE
+    if (!std::strcmp(argv[i], "--timeline") && i + 2 < argc) {
+      timeline(read_bandwidth(), std::atoi(argv[i + 1]), std::atoi(argv[i + 2]));
+      return 0;
+    }
+#endif
     if (!std::strcmp(argv[i], "--row")) {
       if (i + 2 < argc) g_only_B = std::atoi(argv[i + 1]), g_only_L = std::atoi(argv[i + 2]);
       const bool known = (g_only_B == 16 || g_only_B == 32 || g_only_B == 64) &&
@@ -545,8 +665,8 @@ int main(int argc, char** argv) {
     std::printf("== check against float64 (max abs error of o, of lse)\n");
     uint64_t seed = 1;
     for (const DecodeCase& c : cases) {
-      for (int kernel : {1, 2, 3, 5, 6, 7, 8}) {
-        if (fast && kernel != 3 && kernel != 6 && kernel != 8) continue;
+      for (int kernel : {1, 2, 3, 5, 6, 7, 8, 9}) {
+        if (fast && kernel != 3 && kernel != 6 && kernel != 8 && kernel != 9) continue;
         double lse_err = 0.0;
         const double err = check_case(c, kernel, seed, &lse_err);
         const double tol = c.bf16 ? 2e-2 : 4e-3;
@@ -558,7 +678,7 @@ int main(int argc, char** argv) {
       ++seed;
     }
     std::printf("%s: %d of %zu case-versions failed\n", failures ? "SOME FAILED" : "ALL OK", failures,
-                (fast ? 3 : 7) * cases.size());
+                (fast ? 4 : 8) * cases.size());
   }
   if (do_bench) {
     const double peak = read_bandwidth();
