@@ -505,13 +505,20 @@ static void timeline(double peak, int B, int L) {
   constexpr int kCalls = 40, kSkip = 10, M = jaxattn::cuda::decode::kTimelineMarksHost;
   BenchRow br(B, L);
   const int def = jc::kDecodeV2DefaultVariant;
-  struct Cfg { const char* name; int variant; bool contig; };
-  const Cfg cfgs[] = {{"paged", def, false},           {"paged + pdl", def | jc::kV2Pdl, false},
-                      {"contig", def, true},           {"contig + pdl", def | jc::kV2Pdl, true},
-                      {"paged, combine kernel", kShortNoCluster, false},
-                      {"paged, combine kernel + pdl", kShortNoCluster | jc::kV2Pdl, false}};
+  // layout: 0 paged (shuffled pages), 1 contiguous, 2 paged through the identity table.
+  struct Cfg { const char* name; int variant; int layout; };
+  const Cfg cfgs[] = {{"paged", def, 0},
+                      {"paged, identity table", def, 2},
+                      {"contig", def, 1},
+                      {"paged, per-row page lookups", def & ~jc::kV2Hoist, 0},
+                      {"paged, identity, per-row lookups", def & ~jc::kV2Hoist, 2},
+                      {"paged + pdl", def | jc::kV2Pdl, 0},
+                      {"contig + pdl", def | jc::kV2Pdl, 1}};
+  auto params_of = [&](const Cfg& c) -> const AttnParams& {
+    return c.layout == 1 ? br.pc : c.layout == 2 ? br.pid : br.call.p;
+  };
   std::vector<CallTimer> timers;
-  for (const Cfg& c : cfgs) timers.emplace_back(c.contig ? br.pc : br.call.p, 0, c.variant);
+  for (const Cfg& c : cfgs) timers.emplace_back(params_of(c), 0, c.variant);
   time_round_robin(timers, br.bytes);
   std::printf("\n== timeline B=%d L=%d (paged page %d / contiguous), N=%d K=%d H=%d; read bandwidth %.0f GB/s; "
               "us, medians over calls %d..%d\n", B, L, kBenchPage, kBenchN, kBenchK, kBenchH, peak / 1e9, kSkip,
@@ -522,7 +529,7 @@ static void timeline(double peak, int B, int L) {
   std::vector<std::string> profiles;
   for (size_t ci = 0; ci < timers.size(); ++ci) {
     const Cfg& cfg = cfgs[ci];
-    const AttnParams& p = cfg.contig ? br.pc : br.call.p;
+    const AttnParams& p = params_of(cfg);
     bool cl = false;
     const int splits = jc::decode_v2_plan_splits(p, 0, cfg.variant, &cl);
     const int ctas = splits * B * kBenchK;  // one row block (Tq * G = 4 rows)
