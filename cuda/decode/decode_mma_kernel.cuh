@@ -246,7 +246,55 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       row_offsets(j, ko, vo);
     }
   };
+  // The lean loader (plan.lean; kV2Lean in launch_decode.h), for contiguous
+  // caches and pages of >= one tile: a tile's rows come from at most two runs
+  // of consecutive cache rows, rows r < lim from bases ka / va and the others
+  // from kb / vb, each base offset so that tile row r sits at base + r * stride.
+  // Per tile: one division and two shared-memory reads (paged), computed
+  // before the wait for the tile the loop is about to use (the copies then
+  // issue right after the barrier); per row: a compare, selects, a
+  // multiply-add, no branch.
+  const bool lean = plan.lean && (!paged || hoist);
+  struct TileBases {
+    const Elem *ka, *kb, *va, *vb;
+    int lim, jt;
+  };
+  auto tile_bases = [&](int tile) {
+    TileBases t;
+    t.jt = j_begin + tile * kBlockN;
+    if (paged) {
+      const int rel = t.jt / ps, off = t.jt - rel * ps, i = rel - page0;
+      const int64_t pa = pages_s[i], pb = pages_s[min(i + 1, npages - 1)];
+      t.ka = kbase + pa * p.k_batch_stride + int64_t(off) * p.k_row_stride;
+      t.va = vbase + pa * p.v_batch_stride + int64_t(off) * p.v_row_stride;
+      t.kb = kbase + pb * p.k_batch_stride + int64_t(off - ps) * p.k_row_stride;
+      t.vb = vbase + pb * p.v_batch_stride + int64_t(off - ps) * p.v_row_stride;
+      t.lim = ps - off;
+    } else {
+      t.ka = t.kb = kbase + b * p.k_batch_stride + int64_t(t.jt) * p.k_row_stride;
+      t.va = t.vb = vbase + b * p.v_batch_stride + int64_t(t.jt) * p.v_row_stride;
+      t.lim = kBlockN;
+    }
+    return t;
+  };
+  auto load_tile_lean = [&](int tile, const TileBases& t) {
+    const uint32_t dst = ring_addr + (tile % kStages) * 2 * L::kTileElems * 2;
+#pragma unroll
+    for (int k = 0; k < L::kPasses; ++k) {
+      const int r = ld_row + k * L::kRowsPerPass;
+      const bool valid = t.jt + r < j_end, in_a = r < t.lim;
+      const Elem* ks = (in_a ? t.ka : t.kb) + int64_t(r) * p.k_row_stride;
+      const Elem* vs = (in_a ? t.va : t.vb) + int64_t(r) * p.v_row_stride;
+      const uint32_t off_s = k * L::kRowsPerPass * kPitch * 2;
+      ptx::cp_async_16(dst + off_s, valid ? ks : kbase, valid);
+      ptx::cp_async_16(dst + L::kTileElems * 2 + off_s, valid ? vs : vbase, valid);
+    }
+  };
   auto load_tile = [&](int tile) {
+    if (lean) {
+      load_tile_lean(tile, tile_bases(tile));
+      return;
+    }
     const int stage = tile % kStages;
     const uint32_t dst = ring_addr + stage * 2 * L::kTileElems * 2;
     const int jt = j_begin + tile * kBlockN;
@@ -341,9 +389,18 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       ptx::cp_async_wait<kStages - 1>();  // groups: kStages before the loop + one per step
       __syncthreads();  // tile `tile` is in
     } else {
+      const int next = tile + kStages - 1;
+      TileBases nb{};
+      if (lean && next < num_tiles) nb = tile_bases(next);  // (pages_s is read-only by now)
       ptx::cp_async_wait<kStages - 2>();
       __syncthreads();  // tile `tile` is in; every warp is done with tile - 1
-      if (tile + kStages - 1 < num_tiles) load_tile(tile + kStages - 1);
+      if (next < num_tiles) {
+        if (lean) {
+          load_tile_lean(next, nb);
+        } else {
+          load_tile(next);
+        }
+      }
       ptx::cp_async_commit();
     }
     if (prefetch > 0 && tile + ahead + prefetch < num_tiles) prefetch_tile(tile + ahead + prefetch);

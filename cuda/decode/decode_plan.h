@@ -51,6 +51,9 @@ struct DecodePlan {
   // instead of in the launch queue, so its launch and the previous grid's
   // tail overlap.
   bool pdl;
+  // lean: the branch-free loader with per-tile bases computed ahead (kV2Lean;
+  // contiguous caches and pages of >= one tile).
+  bool lean;
 };
 
 constexpr int kMaxClusterSplits = 8;  // portable cluster size

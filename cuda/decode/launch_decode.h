@@ -71,6 +71,10 @@ constexpr int kV2LongChunks = 1 << 10;
 // wait for the previous grid on the device, so a launch overlaps the tail of
 // the grid before it.
 constexpr int kV2Pdl = 1 << 11;
+// kV2Lean: the lean loader (decode_mma_kernel.cuh): per-tile bases computed
+// before the wait, branch-free copies per row (contiguous caches and pages of
+// >= one tile; smaller pages keep the per-row lookups).
+constexpr int kV2Lean = 1 << 12;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 // kV2Short: the short-context candidate for the default (H200 run 1 of the

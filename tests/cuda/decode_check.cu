@@ -136,7 +136,8 @@ static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int nu
 // 4 = v2 as decode_fwd(version 2) runs it (the default variant), 5 = v2 with
 // every loader bit (hoist, touch, 8 tiles of L2 prefetch), 6 = kV2Short,
 // 7 = kV2Short without the cluster merge, 8 = kV2ShortLong, 9 = the default
-// with programmatic dependent launch (kV2Pdl).
+// with programmatic dependent launch (kV2Pdl), 10 = the default with the lean
+// loader and PDL (kV2Lean | kV2Pdl).
 constexpr int kShortNoCluster = jc::kV2Short & ~jc::kV2Cluster;
 static const char* kernel_name(int kernel) {
   switch (kernel) {
@@ -148,6 +149,7 @@ static const char* kernel_name(int kernel) {
     case 7: return "v2shnc";
     case 8: return "v2shlong";
     case 9: return "v2pdl";
+    case 10: return "v2lean";
     default: return "v2";
   }
 }
@@ -163,6 +165,7 @@ static jaxattn::cuda::LaunchStatus run_kernel(const AttnParams& p, int kernel, i
     case 7: return jc::decode_fwd_v2(p, nullptr, chunk, kShortNoCluster);
     case 8: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2ShortLong);
     case 9: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant | jc::kV2Pdl);
+    case 10: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant | jc::kV2Lean | jc::kV2Pdl);
     default: return jc::decode_fwd(p, nullptr, 2, chunk);
   }
 }
@@ -508,12 +511,11 @@ static void timeline(double peak, int B, int L) {
   // layout: 0 paged (shuffled pages), 1 contiguous, 2 paged through the identity table.
   struct Cfg { const char* name; int variant; int layout; };
   const Cfg cfgs[] = {{"paged", def, 0},
-                      {"paged, identity table", def, 2},
+                      {"paged + lean", def | jc::kV2Lean, 0},
+                      {"paged + lean + pdl", def | jc::kV2Lean | jc::kV2Pdl, 0},
                       {"contig", def, 1},
-                      {"paged, per-row page lookups", def & ~jc::kV2Hoist, 0},
-                      {"paged, identity, per-row lookups", def & ~jc::kV2Hoist, 2},
-                      {"paged + pdl", def | jc::kV2Pdl, 0},
-                      {"contig + pdl", def | jc::kV2Pdl, 1}};
+                      {"contig + lean", def | jc::kV2Lean, 1},
+                      {"contig + lean + pdl", def | jc::kV2Lean | jc::kV2Pdl, 1}};
   auto params_of = [&](const Cfg& c) -> const AttnParams& {
     return c.layout == 1 ? br.pc : c.layout == 2 ? br.pid : br.call.p;
   };
@@ -672,8 +674,8 @@ int main(int argc, char** argv) {
     std::printf("== check against float64 (max abs error of o, of lse)\n");
     uint64_t seed = 1;
     for (const DecodeCase& c : cases) {
-      for (int kernel : {1, 2, 3, 5, 6, 7, 8, 9}) {
-        if (fast && kernel != 3 && kernel != 6 && kernel != 8 && kernel != 9) continue;
+      for (int kernel : {1, 2, 3, 5, 6, 7, 8, 9, 10}) {
+        if (fast && kernel != 3 && kernel != 6 && kernel != 8 && kernel != 9 && kernel != 10) continue;
         double lse_err = 0.0;
         const double err = check_case(c, kernel, seed, &lse_err);
         const double tol = c.bf16 ? 2e-2 : 4e-3;
@@ -685,7 +687,7 @@ int main(int argc, char** argv) {
       ++seed;
     }
     std::printf("%s: %d of %zu case-versions failed\n", failures ? "SOME FAILED" : "ALL OK", failures,
-                (fast ? 4 : 8) * cases.size());
+                (fast ? 5 : 9) * cases.size());
   }
   if (do_bench) {
     const double peak = read_bandwidth();
