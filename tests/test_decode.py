@@ -638,3 +638,54 @@ def test_flax_cache_errors():
     noncausal = jf.nnx.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="causal"):
         noncausal(x, cache=jf.KVCache.create(1, 8, 2, 8))
+
+
+_GRAPH_SCRIPT = """
+import jax, jax.numpy as jnp, numpy as np, jaxattn
+rng = np.random.default_rng(3)
+B, N, K, H, ps, pages = 3, 8, 2, 128, 64, 20
+q = jnp.asarray(rng.standard_normal((B, 1, N, H)), jnp.bfloat16)
+kc = jnp.asarray(rng.standard_normal((B * pages, ps, K, H)), jnp.bfloat16)
+vc = jnp.asarray(rng.standard_normal((B * pages, ps, K, H)), jnp.bfloat16)
+table = jnp.asarray(rng.permutation(B * pages).reshape(B, pages), jnp.int32)
+lengths = jnp.asarray([1, 700, pages * ps], jnp.int32)
+def step(q, kc, vc, lengths, table):
+    # Two decode calls back to back: the second is launched programmatically
+    # after the first (PDL) inside the graph.
+    a = jaxattn.decode_attention(q, kc, vc, kv_lengths=lengths, block_table=table, implementation="cuda_v2")
+    b = jaxattn.decode_attention(a, kc, vc, kv_lengths=lengths, block_table=table, implementation="cuda_v2")
+    return a, b
+f = jax.jit(step)
+outs = [f(q, kc, vc, lengths, table) for _ in range(4)]
+jax.block_until_ready(outs)
+hlo = f.lower(q, kc, vc, lengths, table).compile().as_text()
+print("COMMAND_BUFFER" if "command_buffer" in hlo else "NO_COMMAND_BUFFER")
+ref = jax.jit(lambda *a: jaxattn.decode_attention(*a[:3], kv_lengths=a[3], block_table=a[4], implementation="xla"))
+ra = ref(q, kc, vc, lengths, table)
+rb = ref(ra, kc, vc, lengths, table)
+err = max(float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))) / jnp.max(jnp.abs(y.astype(jnp.float32))))
+          for o in outs for x, y in zip(o, (ra, rb)))
+same = all(bool(jnp.array_equal(o[1], outs[0][1])) for o in outs)
+print("ERR", err, "SAME", same)
+"""
+
+
+@gpu
+@pytest.mark.gpu
+def test_cuda_decode_inside_cuda_graphs():
+    """With XLA command buffers on for custom calls, two chained decode calls (the
+    second launched programmatically after the first) run as a CUDA graph and
+    match the XLA path, run after run."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    env.pop("JAXATTN_CUDA_DECODE_POISON", None)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1")
+    res = subprocess.run([sys.executable, "-c", _GRAPH_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=300, cwd="/")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "COMMAND_BUFFER" in res.stdout.split()[0], res.stdout
+    line = [x for x in res.stdout.splitlines() if x.startswith("ERR")][0].split()
+    assert float(line[1]) <= 2e-2 and line[3] == "True", line

@@ -85,14 +85,19 @@ constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 // not yet timed as such.
 constexpr int kV2Short = kV2Hoist | kV2Waves | kV2Cluster;
 constexpr int kV2ShortLong = kV2Short | kV2LongChunks;
-// What decode_fwd(version 2) runs: kV2Short (session 6; before it kV2Hoist, hoisted
+// kV2Default: what decode_fwd(version 2) runs since session 16: kV2Short with the
+// lean loader and PDL (H200, standalone, paged page 64: B=16 L=4K 73 -> 80% of the
+// read bandwidth, B=32 L=4K 81 -> 86%, B=64 L=4K 79 -> 86%, B=16 L=16K 72-84 ->
+// 87%; paged now within 1-2 points of contiguous).
+constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl;
+// Before: kV2Short (session 6; before it kV2Hoist, hoisted
 // page lookups alone: -DJAXATTN_DECODE_V2_VARIANT=kV2Hoist builds that). H200, session 4
 // (scripts/decode_standalone.sh, page 64, shuffled pages, B=64 L=16K): old 58%,
 // hoist 89%, hoist + prefetch 2 78% of read bandwidth (the L2 prefetch costs
 // contiguous caches 10 points too); identity page tables ran as fast as shuffled
 // ones, so address translation was not the cost, the per-row lookups were.
 #ifndef JAXATTN_DECODE_V2_VARIANT
-#define JAXATTN_DECODE_V2_VARIANT kV2Short
+#define JAXATTN_DECODE_V2_VARIANT kV2Default
 #endif
 constexpr int kDecodeV2DefaultVariant = JAXATTN_DECODE_V2_VARIANT;
 

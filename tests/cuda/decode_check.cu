@@ -25,7 +25,8 @@
 //
 // Usage: decode_check [--quick] [--no-bench] [--no-check] [--bench-only]
 //   --quick: a few small cases, no benchmark (for compute-sanitizer).
-//   --fast: check only the default ("v2new"), kV2Short and kV2ShortLong.
+//   --fast: check only the default ("v2new"), kV2Short, kV2ShortLong and
+//           kV2Short with PDL / with the lean loader alone.
 //   --sweep: also time forced split counts on the short rows.
 //   --row B L: bench that issue-9 row only, no check (for a profiler).
 #include <cuda_runtime.h>
@@ -135,9 +136,9 @@ static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int nu
 // Kernel ids of this checker: 1 = v1, 2 = v2 old loader, 3 = v2 new loader,
 // 4 = v2 as decode_fwd(version 2) runs it (the default variant), 5 = v2 with
 // every loader bit (hoist, touch, 8 tiles of L2 prefetch), 6 = kV2Short,
-// 7 = kV2Short without the cluster merge, 8 = kV2ShortLong, 9 = the default
-// with programmatic dependent launch (kV2Pdl), 10 = the default with the lean
-// loader and PDL (kV2Lean | kV2Pdl).
+// 7 = kV2Short without the cluster merge, 8 = kV2ShortLong, 9 = kV2Short with
+// programmatic dependent launch (kV2Pdl), 10 = kV2Short with the lean loader
+// (kV2Lean). The default (kV2Default) is kV2Short | kV2Lean | kV2Pdl.
 constexpr int kShortNoCluster = jc::kV2Short & ~jc::kV2Cluster;
 static const char* kernel_name(int kernel) {
   switch (kernel) {
@@ -164,8 +165,8 @@ static jaxattn::cuda::LaunchStatus run_kernel(const AttnParams& p, int kernel, i
     case 6: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short);
     case 7: return jc::decode_fwd_v2(p, nullptr, chunk, kShortNoCluster);
     case 8: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2ShortLong);
-    case 9: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant | jc::kV2Pdl);
-    case 10: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant | jc::kV2Lean | jc::kV2Pdl);
+    case 9: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short | jc::kV2Pdl);
+    case 10: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short | jc::kV2Lean);
     default: return jc::decode_fwd(p, nullptr, 2, chunk);
   }
 }
@@ -511,11 +512,10 @@ static void timeline(double peak, int B, int L) {
   // layout: 0 paged (shuffled pages), 1 contiguous, 2 paged through the identity table.
   struct Cfg { const char* name; int variant; int layout; };
   const Cfg cfgs[] = {{"paged", def, 0},
-                      {"paged + lean", def | jc::kV2Lean, 0},
-                      {"paged + lean + pdl", def | jc::kV2Lean | jc::kV2Pdl, 0},
+                      {"paged, no pdl", def & ~jc::kV2Pdl, 0},
+                      {"paged, kV2Short (session-15 default)", jc::kV2Short, 0},
                       {"contig", def, 1},
-                      {"contig + lean", def | jc::kV2Lean, 1},
-                      {"contig + lean + pdl", def | jc::kV2Lean | jc::kV2Pdl, 1}};
+                      {"contig, kV2Short", jc::kV2Short, 1}};
   auto params_of = [&](const Cfg& c) -> const AttnParams& {
     return c.layout == 1 ? br.pc : c.layout == 2 ? br.pid : br.call.p;
   };
