@@ -75,6 +75,9 @@ def parse_args(argv=None):
     p.add_argument("--rep-batches", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--time-budget", type=float, default=80.0, help="seconds; later rows are skipped")
+    p.add_argument("--v2-variants", default="",
+                   help="extra columns NAME=BITS,...: cuda_v2 paged with those kV2* loader bits "
+                        "(JAXATTN_CUDA_DECODE_VARIANT; cuda/decode/launch_decode.h), for a same-run A/B")
     p.add_argument("--out", default="results/decode")
     return p.parse_args(argv)
 
@@ -157,6 +160,24 @@ def main(argv=None):
             impl = f"cuda_v{version}"
             impls[f"{impl} paged"] = lambda q, kp, vp, kc, vc, L, t, impl=impl: jaxattn.decode_attention(
                 q, kp, vp, kv_lengths=L, block_table=t, implementation=impl)
+        for item in filter(None, args.v2_variants.split(",")):
+            vname, bits = item.split("=")
+
+            def traced_with(fn, bits=bits):
+                # The knob is read while the call is traced (inside jax.jit's lowering).
+                def run(*a):
+                    old = os.environ.get("JAXATTN_CUDA_DECODE_VARIANT")
+                    os.environ["JAXATTN_CUDA_DECODE_VARIANT"] = bits
+                    try:
+                        return fn(*a)
+                    finally:
+                        if old is None:
+                            del os.environ["JAXATTN_CUDA_DECODE_VARIANT"]
+                        else:
+                            os.environ["JAXATTN_CUDA_DECODE_VARIANT"] = old
+                return run
+            impls[f"cuda_v2 paged [{vname}]"] = traced_with(lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(
+                q, kp, vp, kv_lengths=L, block_table=t, implementation="cuda_v2"))
         impls["cuda_v2 contiguous"] = lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(
             q, kc, vc, kv_lengths=L, implementation="cuda_v2")
         impls["cudnn"] = lambda q, kp, vp, kc, vc, L, t: jax.nn.dot_product_attention(

@@ -5,7 +5,9 @@
 // outputs of the ffi_call). Attributes beyond the common decode options:
 // `version` (1: CUDA cores, 2: cp.async + tensor cores; chosen in Python,
 // jaxattn/decode.py), `chunk` (keys per split, 0 = the launcher's plan;
-// tests force many splits with it) and `poison` (tests: fill the outputs and
+// tests force many splits with it), `variant` (version 2's kV2* bits, -1 =
+// the default; benchmarks compare variants through JAX) and `poison` (tests:
+// fill the outputs and
 // the workspace with NaN first, so an element a kernel fails to write shows).
 #include "cuda_decode_handler.h"
 
@@ -24,7 +26,7 @@ static ffi::Error cuda_decode(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuf
                               ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
                               ffi::Result<ffi::Buffer<ffi::F32>> split_o, ffi::Result<ffi::Buffer<ffi::F32>> split_lse,
                               float scale, int32_t window_left, float softcap, bool paged, int32_t version,
-                              int32_t chunk, bool poison) {
+                              int32_t chunk, int32_t variant, bool poison) {
   AttnParams p;
   if (auto e = fill_decode(p, q, k, v, kv_lengths, block_table, *o, *lse, scale, window_left, softcap, paged);
       e.failure())
@@ -60,7 +62,10 @@ static ffi::Error cuda_decode(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuf
                                     cudaGetErrorName(e));
     }
   }
-  const cuda::LaunchStatus s = cuda::decode_fwd(p, stream, version, chunk);
+  if (variant < -1 || variant >= cuda::kV2VariantEnd)
+    return invalid("decode variant must be -1 (default) or in [0, " + std::to_string(cuda::kV2VariantEnd) +
+                   "), got " + std::to_string(variant));
+  const cuda::LaunchStatus s = cuda::decode_fwd(p, stream, version, chunk, variant);
   if (s.ok()) return ffi::Error::Success();
   return ffi::Error::Internal(std::string("jaxattn: CUDA error in ") + s.kernel + ": " + cudaGetErrorName(s.error));
 }
@@ -75,5 +80,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
             .Ret<xla::ffi::Buffer<xla::ffi::F32>>())  // split_lse
         .Attr<int32_t>("version")
         .Attr<int32_t>("chunk")
+        .Attr<int32_t>("variant")
         .Attr<bool>("poison"),
     {xla::ffi::Traits::kCmdBufferCompatible});

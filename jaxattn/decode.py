@@ -258,14 +258,17 @@ def _cpu_decode(q, k, v, kv_lengths, block_table, *, spec: DecodeSpec):
         q, k, v, kv_lengths, block_table, **_decode_attrs(spec))
 
 
-def _cuda_debug_options() -> tuple[int, bool]:
+def _cuda_debug_options() -> tuple[int, bool, int]:
     """Test knobs of the CUDA decode kernels, read at trace time:
     JAXATTN_CUDA_DECODE_CHUNK=n cuts every row into chunks of n keys (many
     splits at small sizes; 0 = the launcher's plan), JAXATTN_CUDA_DECODE_POISON=1
-    fills the outputs and the split workspace with NaN before the kernels run."""
+    fills the outputs and the split workspace with NaN before the kernels run,
+    JAXATTN_CUDA_DECODE_VARIANT=bits runs version 2 with those kV2* loader bits
+    (cuda/decode/launch_decode.h; -1 = the default; benchmarks' A/B)."""
     chunk = _env_int("JAXATTN_CUDA_DECODE_CHUNK", 0, range(0, _jaxattn.cuda_decode_max_forced_chunk + 1))
     poison = _env_int("JAXATTN_CUDA_DECODE_POISON", 0, range(0, 2)) == 1
-    return chunk, poison
+    variant = _env_int("JAXATTN_CUDA_DECODE_VARIANT", -1, range(-1, 1 << 13))
+    return chunk, poison, variant
 
 
 def _cuda_decode(q, k, v, kv_lengths, block_table, *, spec: DecodeSpec, version: int):
@@ -273,7 +276,7 @@ def _cuda_decode(q, k, v, kv_lengths, block_table, *, spec: DecodeSpec, version:
     B, T, N, H = q.shape
     K = spec.num_heads_k
     rows = T * (N // K)
-    chunk, poison = _cuda_debug_options()
+    chunk, poison, variant = _cuda_debug_options()
     splits = _jaxattn.cuda_decode_max_splits(spec.capacity, chunk)
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -283,7 +286,7 @@ def _cuda_decode(q, k, v, kv_lengths, block_table, *, spec: DecodeSpec, version:
     )
     out, lse, _, _ = jax.ffi.ffi_call("jaxattn_cuda_decode", out_types, vmap_method="sequential")(
         q, k, v, kv_lengths, block_table, **_decode_attrs(spec), version=np.int32(version),
-        chunk=np.int32(chunk), poison=bool(poison))
+        chunk=np.int32(chunk), variant=np.int32(variant), poison=bool(poison))
     return out, lse
 
 

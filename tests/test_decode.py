@@ -232,6 +232,40 @@ def test_cuda_kernels(monkeypatch, impl, chunk, H, layout):
     check(impl, *case, dtype, **extra)
 
 
+# Version 2's loader variants (kV2* bits, cuda/decode/launch_decode.h): the
+# session-3 loader, hoisted lookups, kV2Short, kV2Short with the lean loader,
+# with PDL, the default.
+V2_VARIANTS = {"old": 0, "hoist": 1, "short": 769, "short_lean": 769 | 4096, "short_pdl": 769 | 2048,
+               "default": -1}
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(V2_VARIANTS))
+@pytest.mark.parametrize("layout", [None, 16, 64], ids=["contiguous", "page16", "page64"])
+def test_cuda_v2_variants(monkeypatch, variant, layout):
+    """Every loader variant of version 2 (selected with JAXATTN_CUDA_DECODE_VARIANT)
+    matches the float64 reference, ragged rows and forced splits included."""
+    monkeypatch.setenv("JAXATTN_CUDA_DECODE_VARIANT", str(V2_VARIANTS[variant]))
+    capacity = 5 * (layout or 64) + 64
+    lengths = np.array([capacity, 1, 70, capacity - 3])
+    with jax.default_device(device_for("cuda")):
+        case = make_case(4, 2, 16, 4, 128, capacity, jnp.bfloat16, page_size=layout, seed=7, lengths=lengths)
+        check("cuda_v2", *case, jnp.bfloat16)
+        monkeypatch.setenv("JAXATTN_CUDA_DECODE_CHUNK", "128")
+        check("cuda_v2", *case, jnp.bfloat16, local_window_size=100)
+
+
+@pytest.mark.parametrize("impl", CUDA)
+def test_cuda_bad_variant(monkeypatch, impl):
+    """The variant knob is checked at trace time."""
+    case = make_case(2, 1, 4, 2, 64, 64, jnp.bfloat16)
+    for bad in ("-2", "8192", "x"):
+        monkeypatch.setenv("JAXATTN_CUDA_DECODE_VARIANT", bad)
+        with pytest.raises(ValueError, match="JAXATTN_CUDA_DECODE_VARIANT"):
+            jaxattn.decode_attention(case[0], case[1], case[2], kv_lengths=case[3], implementation=impl)
+
+
 @pytest.mark.parametrize("impl", CUDA)
 def test_cuda_bad_forced_chunk(monkeypatch, impl):
     """The chunk knob is checked at trace time."""

@@ -124,14 +124,16 @@ LaunchStatus decode_fwd_v1(const AttnParams& p, cudaStream_t stream, int forced_
   return decode::launch_combine(p, plan, stream);
 }
 
-LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version, int forced_chunk) {
+LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version, int forced_chunk, int variant) {
   if (p.batch <= 0 || p.seqlen_q <= 0) return {};
   if (decode_unsupported_reason(p)[0] != '\0') return {cudaErrorInvalidValue, "decode_fwd (unsupported call)"};
   if (forced_chunk < 0 || forced_chunk > kDecodeMaxForcedChunk)
     return {cudaErrorInvalidValue, "decode_fwd (forced chunk out of range)"};
   switch (version) {
     case 1: return decode_fwd_v1(p, stream, forced_chunk);
-    case 2: return decode_fwd_v2(p, stream, forced_chunk);
+    case 2:
+      if (variant >= kV2VariantEnd) return {cudaErrorInvalidValue, "decode_fwd (variant out of range)"};
+      return variant < 0 ? decode_fwd_v2(p, stream, forced_chunk) : decode_fwd_v2(p, stream, forced_chunk, variant);
     default: return {cudaErrorInvalidValue, "decode_fwd (unknown kernel version)"};
   }
 }

@@ -35,7 +35,11 @@ int decode_max_splits(int capacity, int forced_chunk = 0);
 // most kDecodeMaxForcedChunk) cuts every row into chunks of exactly that
 // many keys (tests: many splits at small sizes); 0 = the launcher's plan.
 // Enqueues on `stream` only (CUDA-graph safe).
-LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version = 1, int forced_chunk = 0);
+// `variant` (version 2 only): -1 = kDecodeV2DefaultVariant, else kV2* bits
+// below kV2VariantEnd (tests and benchmarks: a same-run A/B through JAX).
+LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version = 1, int forced_chunk = 0,
+                        int variant = -1);
+constexpr int kV2VariantEnd = 1 << 13;
 
 // Loader variants of version 2 (bits; decode_check measures them side by
 // side). kV2Hoist: a tile's page ids are read once per tile (two shared-memory
