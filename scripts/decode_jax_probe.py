@@ -10,6 +10,7 @@ contiguous cache. --only NAME runs one of them for a profiler
   python3 scripts/decode_jax_probe.py --B 64 --L 4096 [--only paged|identity|contiguous]
 """
 import argparse
+import os
 import statistics
 import time
 
@@ -25,6 +26,7 @@ def main():
     ap.add_argument("--L", type=int, default=4096)
     ap.add_argument("--only", default=None)
     ap.add_argument("--calls", type=int, default=40, help="calls with --only")
+    ap.add_argument("--variant", type=int, default=None, help="also run with this JAXATTN_CUDA_DECODE_VARIANT")
     a = ap.parse_args()
     B, L, N, K, H, ps = a.B, a.L, 32, 8, 128, 64
     pages = L // ps
@@ -47,6 +49,18 @@ def main():
     cases = {"paged": lambda: dec(q, kp, vp, lengths, table),
              "identity": lambda: dec(q, kpi, vpi, lengths, ident),
              "contiguous": lambda: con(q, kc, vc, lengths)}
+    for f in cases.values():  # traced now, without the variable
+        jax.block_until_ready(f())
+    if a.variant is not None:  # paged and contiguous with JAXATTN_CUDA_DECODE_VARIANT=a.variant
+        os.environ["JAXATTN_CUDA_DECODE_VARIANT"] = str(a.variant)
+        dec2 = jax.jit(lambda q, k, v, L, t: jaxattn.decode_attention(q, k, v, kv_lengths=L, block_table=t,
+                                                                      implementation="cuda_v2"))
+        con2 = jax.jit(lambda q, k, v, L: jaxattn.decode_attention(q, k, v, kv_lengths=L, implementation="cuda_v2"))
+        cases.update({f"paged [{a.variant}]": lambda: dec2(q, kp, vp, lengths, table),
+                      f"contiguous [{a.variant}]": lambda: con2(q, kc, vc, lengths)})
+        for name in (f"paged [{a.variant}]", f"contiguous [{a.variant}]"):  # traced while it is set
+            jax.block_until_ready(cases[name]())
+        del os.environ["JAXATTN_CUDA_DECODE_VARIANT"]
     ref = jax.block_until_ready(cases["contiguous"]())
     for name, f in cases.items():
         out = jax.block_until_ready(f())
