@@ -260,7 +260,7 @@ def test_cuda_v2_variants(monkeypatch, variant, layout):
 def test_cuda_bad_variant(monkeypatch, impl):
     """The variant knob is checked at trace time."""
     case = make_case(2, 1, 4, 2, 64, 64, jnp.bfloat16)
-    for bad in ("-2", "16384", "x"):
+    for bad in ("-2", "8192", "x"):
         monkeypatch.setenv("JAXATTN_CUDA_DECODE_VARIANT", bad)
         with pytest.raises(ValueError, match="JAXATTN_CUDA_DECODE_VARIANT"):
             jaxattn.decode_attention(case[0], case[1], case[2], kv_lengths=case[3], implementation=impl)

@@ -39,7 +39,7 @@ int decode_max_splits(int capacity, int forced_chunk = 0);
 // below kV2VariantEnd (tests and benchmarks: a same-run A/B through JAX).
 LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version = 1, int forced_chunk = 0,
                         int variant = -1);
-constexpr int kV2VariantEnd = 1 << 14;
+constexpr int kV2VariantEnd = 1 << 13;
 
 // Loader variants of version 2 (bits; decode_check measures them side by
 // side). kV2Hoist: a tile's page ids are read once per tile (two shared-memory
@@ -79,11 +79,6 @@ constexpr int kV2Pdl = 1 << 11;
 // before the wait, branch-free copies per row (contiguous caches and pages of
 // >= one tile; smaller pages keep the per-row lookups).
 constexpr int kV2Lean = 1 << 12;
-// kV2MaxShared (experiment, issue 9): the kernel's preferred shared-memory
-// carveout set to the maximum before the launch (else the driver's default),
-// so that two CTAs of ~111 KB fit on an SM whatever the process's cache
-// configuration.
-constexpr int kV2MaxShared = 1 << 13;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 // kV2Short: the short-context candidate for the default (H200 run 1 of the

@@ -213,12 +213,6 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
     return {cudaErrorInvalidValue, "decode_fwd (workspace too small for the row capacity)"};
   if (p.batch > 65535 || p.num_heads_k > 65535) return {cudaErrorInvalidValue, "decode_fwd (grid too large)"};
   const dim3 grid(plan.splits * plan.row_blocks, p.num_heads_k, p.batch);
-  if (cudaError_t e = cudaFuncSetAttribute(decode::decode_mma_kernel<H, kBf16>,
-                                           cudaFuncAttributePreferredSharedMemoryCarveout,
-                                           (variant & kV2MaxShared) ? int(cudaSharedmemCarveoutMaxShared)
-                                                                    : int(cudaSharedmemCarveoutDefault));
-      e != cudaSuccess)
-    return {e, "decode_mma_kernel (carveout attribute)"};
   if (plan.cluster || plan.pdl) {
     cudaLaunchAttribute attrs[2];
     const cudaLaunchConfig_t cfg = launch_config<H>(grid, plan.cluster ? plan.splits : 1, plan.pdl, stream, attrs);
