@@ -105,6 +105,16 @@ NB_MODULE(_jaxattn, m) {
   m.def("cuda_decode_max_splits",
         [](int capacity, int forced_chunk) { return jaxattn::cuda::decode_max_splits(capacity, forced_chunk); });
   m.attr("cuda_decode_max_forced_chunk") = jaxattn::cuda::kDecodeMaxForcedChunk;
+#ifdef JAXATTN_DECODE_TIMELINE
+  // Profiling builds only (CUDAFLAGS / CXXFLAGS -DJAXATTN_DECODE_TIMELINE;
+  // scripts/decode_jax_probe.py --timeline): where decode_mma_kernel writes its
+  // per-CTA phase stamps (device addresses of two zeroed arrays; 0 = off).
+  m.def("decode_timeline_set", [](uintptr_t buf, uintptr_t calls, int max_calls, int ctas) {
+    const cudaError_t e = jaxattn::cuda::decode_timeline_set(reinterpret_cast<unsigned long long*>(buf),
+                                                             reinterpret_cast<unsigned*>(calls), max_calls, ctas);
+    if (e != cudaSuccess) throw std::runtime_error(std::string("decode_timeline_set: ") + cudaGetErrorName(e));
+  });
+#endif
   m.attr("built_with_cuda") = true;
 #else
   m.attr("built_with_cuda") = false;

@@ -20,6 +20,37 @@ import jax.numpy as jnp
 import jaxattn
 
 
+def timeline(cases, B, calls, nbytes, K=8, max_splits=16, skip=10):
+    """The kernel's own per-CTA stamps (start, prologue done, first tile in, middle
+    tile, loop done, end; decode_mma_kernel.cuh) over `calls` back-to-back jitted
+    calls per case: medians over the calls after `skip` of the span (first CTA start
+    to last CTA end), the gap to the next call's first CTA, the period, and the phases."""
+    import numpy as np
+    from jaxattn import _jaxattn as ext
+    marks, ctas = 8, B * K * max_splits
+    for name, f in cases.items():
+        buf = jnp.zeros((calls * ctas * marks * 2,), jnp.uint32)
+        cnt = jnp.zeros((ctas,), jnp.uint32)
+        jax.block_until_ready((buf, cnt))
+        ext.decode_timeline_set(buf.unsafe_buffer_pointer(), cnt.unsafe_buffer_pointer(), calls, ctas)
+        outs = [f() for _ in range(calls)]
+        jax.block_until_ready(outs)
+        ext.decode_timeline_set(0, 0, 0, 0)
+        h = np.asarray(buf).view(np.uint64).reshape(calls, ctas, marks).astype(np.float64) * 1e-3  # us
+        used = h[0, :, 0] > 0
+        h = h[:, used, :]
+        spans, gaps, periods, pro, first, loop, epi = [], [], [], [], [], [], []
+        for c in range(skip, calls - 1):
+            s0, end, nxt = h[c, :, 0].min(), h[c, :, 5].max(), h[c + 1, :, 0].min()
+            spans.append(end - s0), gaps.append(nxt - end), periods.append(nxt - s0)
+            pro.append(np.median(h[c, :, 1] - h[c, :, 0])), first.append(np.median(h[c, :, 2] - h[c, :, 1]))
+            loop.append(np.median(h[c, :, 4] - h[c, :, 2])), epi.append(np.median(h[c, :, 5] - h[c, :, 4]))
+        med = lambda v: float(np.median(v))  # noqa: E731
+        print(f"timeline {name}: CTAs {int(used.sum())}, span {med(spans):.1f} us, gap {med(gaps):.1f}, "
+              f"period {med(periods):.1f} ({nbytes / med(periods) / 1e3:.0f} GB/s); prologue {med(pro):.1f}, "
+              f"first tile {med(first):.1f}, loop {med(loop):.1f}, epilogue {med(epi):.1f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--B", type=int, default=64)
@@ -27,6 +58,8 @@ def main():
     ap.add_argument("--only", default=None)
     ap.add_argument("--calls", type=int, default=40, help="calls with --only")
     ap.add_argument("--variant", type=int, default=None, help="also run with this JAXATTN_CUDA_DECODE_VARIANT")
+    ap.add_argument("--timeline", action="store_true",
+                    help="per-CTA phase stamps of back-to-back jitted calls (needs a -DJAXATTN_DECODE_TIMELINE build)")
     a = ap.parse_args()
     B, L, N, K, H, ps = a.B, a.L, 32, 8, 128, 64
     pages = L // ps
@@ -66,6 +99,9 @@ def main():
         out = jax.block_until_ready(f())
         err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
         assert err < 5e-2, (name, err)
+    if a.timeline:
+        timeline(cases, B, a.calls, nbytes=(2 * B * L * K * H + 2 * B * N * H) * 2)
+        return
     if a.only:
         f = cases[a.only]
         outs = [f() for _ in range(a.calls)]
