@@ -407,6 +407,8 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
 #ifdef JAXATTN_DECODE_TIMELINE
     if (tile == 0) JAXATTN_DECODE_MARK(2);
     if (tile == num_tiles / 2) JAXATTN_DECODE_MARK(3);
+#elif defined(JAXATTN_EXP_DECODE_FENCE)
+    if (tile == 0 || tile == num_tiles / 2) asm volatile("" ::: "memory");
 #endif
     const uint32_t stage_off = (tile % kStages) * 2 * L::kTileElems * 2;
 
