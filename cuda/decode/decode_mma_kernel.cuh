@@ -415,6 +415,15 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     float s_acc[1][2][4];
     sm80::clear(s_acc);
     sm80::gemm_ss_abt<Elem, 1, 2, H, kPitch, kPitch>(s_acc, q_addr, k_lane + stage_off);
+    // The V fragments of this tile, read before the softmax so their shared-memory
+    // latency hides under it (H <= 128: 32 registers; ptxas did this on its own
+    // in some builds and not in others, 8-10% apart on paged caches, session 16).
+    constexpr bool kEarlyV = H <= 128;
+    uint32_t v_frag[kEarlyV ? H / 16 : 1][4];
+    if constexpr (kEarlyV) {
+#pragma unroll
+      for (int jp = 0; jp < H / 16; ++jp) ptx::ldmatrix_x4_trans(v_frag[jp], v_lane + stage_off + jp * 16 * 2);
+    }
 
     const int jw = j_begin + tile * kBlockN + warp * 16;
     float mx[2] = {-INFINITY, -INFINITY};
@@ -454,7 +463,15 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     }
     uint32_t p_frag[1][1][4];
     sm80::acc_to_a_frags<Elem, 1, 1>(s_acc, p_frag);
-    sm80::gemm_rs_ab<Elem, 1, H / 8, 1, kPitch>(o_acc, p_frag, v_lane + stage_off);
+    if constexpr (kEarlyV) {
+#pragma unroll
+      for (int jp = 0; jp < H / 16; ++jp) {
+        ptx::mma_16816<Elem>(o_acc[0][2 * jp], p_frag[0][0], v_frag[jp][0], v_frag[jp][1]);
+        ptx::mma_16816<Elem>(o_acc[0][2 * jp + 1], p_frag[0][0], v_frag[jp][2], v_frag[jp][3]);
+      }
+    } else {
+      sm80::gemm_rs_ab<Elem, 1, H / 8, 1, kPitch>(o_acc, p_frag, v_lane + stage_off);
+    }
     if (refill) {
       __syncthreads();  // every warp is done with this stage: refill it now
       if (tile + kStages < num_tiles) load_tile(tile + kStages);
