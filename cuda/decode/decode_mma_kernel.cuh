@@ -415,10 +415,16 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     float s_acc[1][2][4];
     sm80::clear(s_acc);
     sm80::gemm_ss_abt<Elem, 1, 2, H, kPitch, kPitch>(s_acc, q_addr, k_lane + stage_off);
-    // The V fragments of this tile, read before the softmax so their shared-memory
-    // latency hides under it (H <= 128: 32 registers; ptxas did this on its own
-    // in some builds and not in others, 8-10% apart on paged caches, session 16).
+    // Prepared, not yet run (-DJAXATTN_EXP_DECODE_EARLY_V, session 16): the V
+    // fragments of this tile read before the softmax so their shared-memory
+    // latency hides under it (H <= 128: 32 registers). ptxas did this on its own
+    // in the timeline build and not in the plain one, 8-10% apart on paged
+    // caches (perf.md, session 16, run 9).
+#ifdef JAXATTN_EXP_DECODE_EARLY_V
     constexpr bool kEarlyV = H <= 128;
+#else
+    constexpr bool kEarlyV = false;
+#endif
     uint32_t v_frag[kEarlyV ? H / 16 : 1][4];
     if constexpr (kEarlyV) {
 #pragma unroll

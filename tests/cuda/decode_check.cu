@@ -29,6 +29,11 @@
 //           kV2Short with PDL / with the lean loader alone.
 //   --sweep: also time forced split counts on the short rows.
 //   --row B L: bench that issue-9 row only, no check (for a profiler).
+//   --timeline B L: a build with -DJAXATTN_DECODE_TIMELINE only: per variant of
+//           that row, event-timed GB/s and the kernel's own per-CTA phase stamps
+//           over 40 back-to-back calls (note: the stamps change the kernel's
+//           code generation; session 16 found that build 8-10% faster on paged
+//           caches than the plain one).
 #include <cuda_runtime.h>
 
 #include <algorithm>
