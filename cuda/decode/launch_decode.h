@@ -90,9 +90,11 @@ constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 constexpr int kV2Short = kV2Hoist | kV2Waves | kV2Cluster;
 constexpr int kV2ShortLong = kV2Short | kV2LongChunks;
 // kV2Default: what decode_fwd(version 2) runs since session 16: kV2Short with the
-// lean loader and PDL (H200, standalone, paged page 64: B=16 L=4K 73 -> 80% of the
-// read bandwidth, B=32 L=4K 81 -> 86%, B=64 L=4K 79 -> 86%, B=16 L=16K 72-84 ->
-// 87%; paged now within 1-2 points of contiguous).
+// lean loader and PDL. H200, paged page 64, against kV2Short in the same run: the
+// plain build (what ships) B=16 L=4K 71 -> 73% of the read bandwidth, B=16 L=16K
+// 79 -> 82%, B=64 L=4K 80 -> 80% (checker); through JAX -3..+6 points (B=64 L=64K
+// 81 -> 87%). Built with the timeline stamps the same source reads 80 / 89 / 88%
+// (perf.md, session 16: ptxas schedules the V reads differently).
 constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl;
 // Before: kV2Short (session 6; before it kV2Hoist, hoisted
 // page lookups alone: -DJAXATTN_DECODE_V2_VARIANT=kV2Hoist builds that). H200, session 4
