@@ -21,6 +21,25 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jaxattn  # noqa: E402
 
 
+def run_with_command_buffers(script: str, drop_env=()):
+    """Runs `script` in a fresh Python with XLA command buffers (CUDA graphs) on for
+    fusions and custom calls at every graph size, the variables `drop_env` unset.
+    The script prints COMMAND_BUFFER or NO_COMMAND_BUFFER first (whether its compiled
+    HLO holds a command buffer); both are asserted here. Returns the finished process."""
+    import subprocess
+
+    env = dict(os.environ)
+    for name in drop_env:
+        env.pop(name, None)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1")
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300, cwd="/")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "COMMAND_BUFFER" in res.stdout.split()[0], res.stdout
+    return res
+
+
 def run_worker(script: str, out: str, argv=None, *, gpu: bool = False, timeout: int = 1800) -> dict:
     """Runs a multi-device worker script (tests/*_worker.py: 8 simulated CPU devices,
     or with ``gpu`` the real GPUs, ``--gpu``) in a subprocess with the arguments

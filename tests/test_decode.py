@@ -19,7 +19,7 @@ import pytest
 import jaxattn
 import reference64
 from jaxattn import decode as d
-from conftest import assert_close, device_for, gpu, plain_attention
+from conftest import assert_close, device_for, gpu, plain_attention, run_with_command_buffers
 
 # Both versions of the CUDA kernel (1: CUDA cores; 2: cp.async ring + tensor
 # cores) run every GPU test.
@@ -257,22 +257,15 @@ def test_cuda_v2_variants(monkeypatch, variant, layout):
 
 
 @pytest.mark.parametrize("impl", CUDA)
-def test_cuda_bad_variant(monkeypatch, impl):
-    """The variant knob is checked at trace time."""
+@pytest.mark.parametrize("knob, bad_values", [("JAXATTN_CUDA_DECODE_CHUNK", ("-1", "9000", "x")),
+                                              ("JAXATTN_CUDA_DECODE_VARIANT", ("-2", "8192", "x"))],
+                         ids=["chunk", "variant"])
+def test_cuda_bad_knob(monkeypatch, impl, knob, bad_values):
+    """The test knobs (forced chunk, loader variant) are checked at trace time."""
     case = make_case(2, 1, 4, 2, 64, 64, jnp.bfloat16)
-    for bad in ("-2", "8192", "x"):
-        monkeypatch.setenv("JAXATTN_CUDA_DECODE_VARIANT", bad)
-        with pytest.raises(ValueError, match="JAXATTN_CUDA_DECODE_VARIANT"):
-            jaxattn.decode_attention(case[0], case[1], case[2], kv_lengths=case[3], implementation=impl)
-
-
-@pytest.mark.parametrize("impl", CUDA)
-def test_cuda_bad_forced_chunk(monkeypatch, impl):
-    """The chunk knob is checked at trace time."""
-    case = make_case(2, 1, 4, 2, 64, 64, jnp.bfloat16)
-    for bad in ("-1", "9000", "x"):
-        monkeypatch.setenv("JAXATTN_CUDA_DECODE_CHUNK", bad)
-        with pytest.raises(ValueError, match="JAXATTN_CUDA_DECODE_CHUNK"):
+    for bad in bad_values:
+        monkeypatch.setenv(knob, bad)
+        with pytest.raises(ValueError, match=knob):
             jaxattn.decode_attention(case[0], case[1], case[2], kv_lengths=case[3], implementation=impl)
 
 
@@ -710,16 +703,6 @@ def test_cuda_decode_inside_cuda_graphs():
     """With XLA command buffers on for custom calls, two chained decode calls (the
     second launched programmatically after the first) run as a CUDA graph and
     match the XLA path, run after run."""
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ)
-    env.pop("JAXATTN_CUDA_DECODE_POISON", None)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1")
-    res = subprocess.run([sys.executable, "-c", _GRAPH_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300, cwd="/")
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "COMMAND_BUFFER" in res.stdout.split()[0], res.stdout
+    res = run_with_command_buffers(_GRAPH_SCRIPT, drop_env=("JAXATTN_CUDA_DECODE_POISON",))
     line = [x for x in res.stdout.splitlines() if x.startswith("ERR")][0].split()
     assert float(line[1]) <= 2e-2 and line[3] == "True", line

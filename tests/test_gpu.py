@@ -3,9 +3,6 @@ CUDA graphs. Skipped without a GPU."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -15,7 +12,7 @@ import pytest
 
 import jaxattn
 import reference64
-from conftest import CUDA_READY, random_inputs
+from conftest import CUDA_READY, random_inputs, run_with_command_buffers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA_READY, reason="needs a CUDA GPU and the CUDA kernels")]
 
@@ -140,13 +137,7 @@ _GRAPH_SCRIPT = textwrap.dedent("""
 
 def test_runs_inside_cuda_graphs():
     """With XLA command buffers on for custom calls, the jitted fwd+bwd runs as a CUDA graph."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1")
-    res = subprocess.run([sys.executable, "-c", _GRAPH_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300, cwd="/")
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "COMMAND_BUFFER" in res.stdout.split()[0], res.stdout
+    res = run_with_command_buffers(_GRAPH_SCRIPT)
     line = [l for l in res.stdout.splitlines() if l.startswith("VALUES")][0]
     vals = eval(line.split(" ", 1)[1])
     assert all(np.isfinite(vals)) and max(vals) - min(vals) <= 1e-3 * abs(vals[0]), vals
