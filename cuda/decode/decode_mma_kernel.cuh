@@ -28,6 +28,11 @@
 // sm_90+) the chunks of one (row, KV head, row block) are one thread block
 // cluster and merge through distributed shared memory (no combine kernel).
 //
+// plan.lean (issue 9, session 16): a branch-free loader whose per-tile page
+// bases are computed before the wait for the tile in use. plan.pdl: launched
+// with programmatic stream serialization; the kernel waits for the previous
+// grid itself (griddepcontrol) before its first global read.
+//
 // plan.refill (issue 9): the ring stage of tile t is refilled with tile
 // t + kStages right after every warp is done with tile t (a second barrier per
 // tile), so kStages tiles are in flight while the CTA waits for the next one
@@ -407,8 +412,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
 #ifdef JAXATTN_DECODE_TIMELINE
     if (tile == 0) JAXATTN_DECODE_MARK(2);
     if (tile == num_tiles / 2) JAXATTN_DECODE_MARK(3);
-#elif defined(JAXATTN_EXP_DECODE_FENCE)
-    if (tile == 0 || tile == num_tiles / 2) asm volatile("" ::: "memory");
 #endif
     const uint32_t stage_off = (tile % kStages) * 2 * L::kTileElems * 2;
 
