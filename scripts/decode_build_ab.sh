@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Decode kernel builds side by side (issue 9, session 16's finding: the same
+# source read 8-10% faster on paged caches when built with the timeline stamps,
+# because ptxas scheduled the V fragments' ldmatrix differently).
+#
+# Builds tests/cuda/decode_check.cu three (or more) ways for sm_90 -- plain, with
+# each experiment macro in $EXPS (default JAXATTN_EXP_DECODE_EARLY_V), and the
+# timeline build (-DJAXATTN_DECODE_TIMELINE) -- then, on a GPU, times the issue-9
+# rows (decode_check --row: the default column first) with every build, and runs
+# the float64 checker (--fast --no-bench) on each experiment build.
+#   BUILD_ONLY=1 scripts/decode_build_ab.sh   # here, without a GPU (~3 min on 2 cores)
+#   RUN_ONLY=1 OUT=$OUT scripts/decode_build_ab.sh   # on the GPU machine, build/decode_ab carried
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+B=${BUILD:-build/decode_ab}
+EXPS=${EXPS:-JAXATTN_EXP_DECODE_EARLY_V}
+ROWS=${ROWS:-"64 4096;16 16384;16 4096"}
+FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -Icuda -Itests/cuda -gencode arch=compute_90,code=sm_90)
+names=(plain)
+for e in $EXPS; do names+=("$e"); done
+names+=(timeline)
+build_one() {  # name, extra flags...
+  local name=$1; shift
+  local d="$B/$name"; mkdir -p "$d"
+  for src in cuda/decode/launch_decode.cu cuda/decode/launch_decode_v2.cu tests/cuda/decode_check.cu; do
+    "$NVCC" "${FLAGS[@]}" "$@" -Xptxas -v -c "$src" -o "$d/$(basename "${src%.cu}").o" 2>>"$d/ptxas.log"
+  done
+  "$NVCC" -gencode arch=compute_90,code=sm_90 "$d"/*.o -o "$d/decode_check"
+  echo "built $name: $(grep -o 'Used [0-9]* registers' "$d/ptxas.log" | sort | uniq -c | tr '\n' ' ')"
+}
+if [ "${RUN_ONLY:-0}" != 1 ]; then
+  build_one plain
+  for e in $EXPS; do build_one "$e" "-D$e"; done
+  build_one timeline -DJAXATTN_DECODE_TIMELINE
+fi
+[ "${BUILD_ONLY:-0}" = 1 ] && exit 0
+OUT=${OUT:-$B}
+IFS=';' read -ra rows <<<"$ROWS"
+for row in "${rows[@]}"; do
+  for n in "${names[@]}"; do
+    echo "== $n $row"; timeout 40 "$B/$n/decode_check" --row $row 2>&1 | grep "^| [0-9]" | head -1
+  done
+done | tee "$OUT/decode_ab_rows.txt"
+for e in $EXPS; do
+  timeout 200 "$B/$e/decode_check" --fast --no-bench >"$OUT/decode_ab_check_$e.txt" 2>&1 || true
+  echo "float64 $e: $(grep -c '^ok' "$OUT/decode_ab_check_$e.txt") ok, $(grep -c FAIL "$OUT/decode_ab_check_$e.txt") FAIL"
+done
