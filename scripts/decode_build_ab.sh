@@ -3,8 +3,9 @@
 # source read 8-10% faster on paged caches when built with the timeline stamps,
 # because ptxas scheduled the V fragments' ldmatrix differently).
 #
-# Builds tests/cuda/decode_check.cu three (or more) ways for sm_90 -- plain, with
-# each experiment macro in $EXPS (default JAXATTN_EXP_DECODE_EARLY_V), and the
+# Builds tests/cuda/decode_check.cu several ways for sm_90 -- plain, with each
+# entry of $EXPS (experiment macros; A+B defines both; default: EARLY_V, Q_REGS
+# and both), and the
 # timeline build (-DJAXATTN_DECODE_TIMELINE) -- then, on a GPU, times the issue-9
 # rows (decode_check --row: the default column first) with every build, and runs
 # the float64 checker (--fast --no-bench) on each experiment build.
@@ -14,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 B=${BUILD:-build/decode_ab}
-EXPS=${EXPS:-JAXATTN_EXP_DECODE_EARLY_V}
+EXPS=${EXPS:-"JAXATTN_EXP_DECODE_EARLY_V JAXATTN_EXP_DECODE_Q_REGS JAXATTN_EXP_DECODE_EARLY_V+JAXATTN_EXP_DECODE_Q_REGS"}
 ROWS=${ROWS:-"64 4096;16 16384;16 4096"}
 FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -Icuda -Itests/cuda -gencode arch=compute_90,code=sm_90)
 names=(plain)
@@ -31,7 +32,7 @@ build_one() {  # name, extra flags...
 }
 if [ "${RUN_ONLY:-0}" != 1 ]; then
   build_one plain
-  for e in $EXPS; do build_one "$e" "-D$e"; done
+  for e in $EXPS; do build_one "$e" $(printf -- '-D%s ' ${e//+/ }); done
   build_one timeline -DJAXATTN_DECODE_TIMELINE
 fi
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0
