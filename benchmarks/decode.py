@@ -53,6 +53,7 @@ import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 
 def csv_ints(text):
@@ -166,15 +167,8 @@ def main(argv=None):
             def traced_with(fn, bits=bits):
                 # The knob is read while the call is traced (inside jax.jit's lowering).
                 def run(*a):
-                    old = os.environ.get("JAXATTN_CUDA_DECODE_VARIANT")
-                    os.environ["JAXATTN_CUDA_DECODE_VARIANT"] = bits
-                    try:
+                    with mock.patch.dict(os.environ, {"JAXATTN_CUDA_DECODE_VARIANT": bits}):
                         return fn(*a)
-                    finally:
-                        if old is None:
-                            del os.environ["JAXATTN_CUDA_DECODE_VARIANT"]
-                        else:
-                            os.environ["JAXATTN_CUDA_DECODE_VARIANT"] = old
                 return run
             impls[f"cuda_v2 paged [{vname}]"] = traced_with(lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(
                 q, kp, vp, kv_lengths=L, block_table=t, implementation="cuda_v2"))

@@ -13,6 +13,7 @@ import argparse
 import os
 import statistics
 import time
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -85,7 +86,8 @@ def main():
     for f in cases.values():  # traced now, without the variable
         jax.block_until_ready(f())
     if a.variant is not None:  # paged and contiguous with JAXATTN_CUDA_DECODE_VARIANT=a.variant
-        os.environ["JAXATTN_CUDA_DECODE_VARIANT"] = str(a.variant)
+        env = mock.patch.dict(os.environ, {"JAXATTN_CUDA_DECODE_VARIANT": str(a.variant)})
+        env.start()
         dec2 = jax.jit(lambda q, k, v, L, t: jaxattn.decode_attention(q, k, v, kv_lengths=L, block_table=t,
                                                                       implementation="cuda_v2"))
         con2 = jax.jit(lambda q, k, v, L: jaxattn.decode_attention(q, k, v, kv_lengths=L, implementation="cuda_v2"))
@@ -93,7 +95,7 @@ def main():
                       f"contiguous [{a.variant}]": lambda: con2(q, kc, vc, lengths)})
         for name in (f"paged [{a.variant}]", f"contiguous [{a.variant}]"):  # traced while it is set
             jax.block_until_ready(cases[name]())
-        del os.environ["JAXATTN_CUDA_DECODE_VARIANT"]
+        env.stop()
     ref = jax.block_until_ready(cases["contiguous"]())
     for name, f in cases.items():
         out = jax.block_until_ready(f())
