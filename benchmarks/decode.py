@@ -25,6 +25,14 @@ included: issue 9's bar, >= 2x, and >= 85% of the read bandwidth), and version
 2 contiguous over the faster of cuDNN and XLA on the contiguous cache (jax.nn's
 best case, which no paged-cache user gets).
 
+Each timed call is one jitted step of `--layers` decode calls (default 8 on
+GPUs, 1 on the CPU), each layer with its own query and the layers cycling
+through as many distinct caches as make >= 1 GiB, the way a model's decode
+step runs its layers in one executable; times and bytes are per call (per
+layer). With one call per dispatch the short rows measured the host: at B=16
+L=4K the H200 machine's host took 92 us to enqueue each 97 us call (session 16;
+`--layers 1` still measures that way).
+
 Timing: jitted, compiled ahead of time, `--warmup` untimed calls, then
 `--rep-batches` batches of `--reps` calls issued back to back (one
 block_until_ready per batch, so small calls are not timed as launch
@@ -72,13 +80,16 @@ def parse_args(argv=None):
     p.add_argument("--queries", type=int, default=1, help="Tq")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--reps", type=int, default=0,
-                   help="calls per batch; 0: as many as make a batch ~20 ms (10..400)")
+                   help="jitted steps per batch; 0: as many as make a batch ~20 ms (10..400)")
     p.add_argument("--rep-batches", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--time-budget", type=float, default=80.0, help="seconds; later rows are skipped")
     p.add_argument("--v2-variants", default="",
                    help="extra columns NAME=BITS,...: cuda_v2 paged with those kV2* loader bits "
                         "(JAXATTN_CUDA_DECODE_VARIANT; cuda/decode/launch_decode.h), for a same-run A/B")
+    p.add_argument("--layers", type=int, default=None,
+                   help="decode calls per jitted step (a model's layers), each with its own query; "
+                        "default 8 on GPUs, 1 on the CPU")
     p.add_argument("--out", default="results/decode")
     return p.parse_args(argv)
 
@@ -110,6 +121,20 @@ def reps_for(jax, fn, args, target_s=20e-3, lo=10, hi=400):
     jax.block_until_ready(fn(*args))
     one = max(time.perf_counter() - t0, 1e-6)
     return int(min(hi, max(lo, round(target_s / one))))
+
+
+def layered(fn, layers):
+    """One jitted step of `layers` decode calls, as a model's decode step runs its
+    layers: call i takes query i and cache i % (number of caches); the outputs are
+    stacked. Timing a step instead of one call per dispatch keeps the host's
+    per-dispatch cost (~50-90 us on the H200 machine) out of a ~60-100 us kernel."""
+    import jax.numpy as jnp
+
+    def step(qs, kps, vps, kcs, vcs, lengths, table):
+        c = len(kps)
+        return jnp.stack([fn(qs[i], kps[i % c], vps[i % c], kcs[i % c], vcs[i % c], lengths, table)
+                          for i in range(layers)])
+    return step
 
 
 def failure(e) -> dict:
@@ -148,6 +173,9 @@ def main(argv=None):
     dtype = jnp.dtype(args.dtype)
     N, K, H, ps, T = args.heads, args.kv_heads, args.head_dim, args.page_size, args.queries
     peak = read_bandwidth(jax, jnp, device, (256 << 20) if args.cpu else (4 << 30))
+    layers = args.layers or (1 if args.cpu else 8)
+    if layers < 1:
+        raise SystemExit("--layers must be >= 1")
     print(f"# {device.device_kind}: measured read bandwidth {peak / 1e9:.0f} GB/s", file=sys.stderr)
 
     impls = {"jaxattn xla paged": lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(
@@ -191,21 +219,30 @@ def main(argv=None):
                 rows.append({"B": B, "L": L, "skipped": "time budget", "impls": {}})
                 continue
             key = jax.random.PRNGKey(B * 1000003 + L)
-            k1, k2, k3, k4 = jax.random.split(key, 4)
+            k1, k4, kcache = jax.random.split(key, 3)
             pages = -(-L // ps)
-            q = jax.random.normal(k1, (B, T, N, H), dtype)
-            kc = jax.random.normal(k2, (B, pages * ps, K, H), dtype)
-            vc = jax.random.normal(k3, (B, pages * ps, K, H), dtype)
-            # The same keys as a paged cache, pages shuffled.
+            # One query per layer; the layers cycle through `ncache` caches (as many as
+            # make >= 1 GiB of keys and values, so no layer reads its cache from L2).
+            qs = list(jax.random.normal(k1, (layers, B, T, N, H), dtype))
+            cache_bytes = 2 * B * pages * ps * K * H * dtype.itemsize
+            ncache = max(1, min(layers, -(-(1 << 30) // cache_bytes)))
+            # The same keys as a paged cache, pages shuffled (one table for all caches).
             perm = jax.random.permutation(k4, B * pages).astype(jnp.int32)
             table = perm.reshape(B, pages)
             inv = jnp.argsort(perm)
-            kp = kc.reshape(B * pages, ps, K, H)[inv]
-            vp = vc.reshape(B * pages, ps, K, H)[inv]
+            kcs, vcs, kps, vps = [], [], [], []
+            for kc_key in jax.random.split(kcache, ncache):
+                k2, k3 = jax.random.split(kc_key)
+                kcs.append(jax.random.normal(k2, (B, pages * ps, K, H), dtype))
+                vcs.append(jax.random.normal(k3, (B, pages * ps, K, H), dtype))
+                kps.append(kcs[-1].reshape(B * pages, ps, K, H)[inv])
+                vps.append(vcs[-1].reshape(B * pages, ps, K, H)[inv])
             lengths = jnp.full((B,), L, jnp.int32)
-            inputs = [jax.device_put(x, device) for x in (q, kp, vp, kc, vc, lengths, table)]
-            nbytes = (2 * B * L * K * H + 2 * B * T * N * H) * dtype.itemsize
-            row = {"B": B, "L": L, "N": N, "K": K, "H": H, "Tq": T, "page_size": ps, "bytes": nbytes, "impls": {}}
+            inputs = jax.device_put((qs, kps, vps, kcs, vcs, lengths, table), device)
+            q, kp, vp, kc, vc = qs[0], kps[0], vps[0], kcs[0], vcs[0]
+            nbytes = (2 * B * L * K * H + 2 * B * T * N * H) * dtype.itemsize  # per call (layer)
+            row = {"B": B, "L": L, "N": N, "K": K, "H": H, "Tq": T, "page_size": ps, "bytes": nbytes,
+                   "layers": layers, "caches": ncache, "impls": {}}
             # Every implementation is compiled, warmed up and checked first, then all
             # are timed round robin (one batch of each per repetition), so clock /
             # thermal drift lands on all columns alike (sequential timing read the
@@ -213,7 +250,7 @@ def main(argv=None):
             ref, compiled, times, reps, enqueue = None, {}, {}, {}, {}
             for name in impls:  # "jaxattn xla paged" first: the reference of the others
                 try:
-                    fn = jax.jit(impls[name]).lower(*inputs).compile()
+                    fn = jax.jit(layered(impls[name], layers)).lower(*inputs).compile()
                     out = None
                     for _ in range(max(args.warmup, 1)):
                         out = jax.block_until_ready(fn(*inputs))
@@ -245,15 +282,15 @@ def main(argv=None):
                         row["impls"][name] = failure(e)
                         del compiled[name]
             for name in compiled:
-                t = statistics.median(times[name])
+                t = statistics.median(times[name]) / layers  # per call
                 row["impls"][name].update({"ms": t * 1e3, "GB/s": nbytes / t / 1e9, "of_peak": nbytes / t / peak,
                                            "calls_per_batch": reps[name],
-                                           "host_enqueue_ms": statistics.median(enqueue[name]) * 1e3})
+                                           "host_enqueue_ms": statistics.median(enqueue[name]) * 1e3 / layers})
             for name in impls:
                 print(f"B={B} L={L} {name}: {row['impls'].get(name)}", file=sys.stderr)
             del compiled, ref
             rows.append(row)
-            del inputs, q, kc, vc, kp, vp
+            del inputs, q, kc, vc, kp, vp, qs, kcs, vcs, kps, vps
     os.makedirs(args.out, exist_ok=True)
     doc = {"device": device.device_kind, "platform": platform, "read_bandwidth_GBps": peak / 1e9,
            "dtype": str(dtype), "rows": rows}
@@ -264,7 +301,7 @@ def main(argv=None):
     # (v2 paged vs the same paged cache through jax.nn; v2 contiguous vs jax.nn contiguous)
     pairs = (("cuda_v2 paged", ("cudnn paged", "xla paged")), ("cuda_v2 contiguous", ("cudnn", "xla")))
     print(f"# {device.device_kind}, read bandwidth {peak / 1e9:.0f} GB/s; N={N} K={K} H={H} Tq={T} "
-          f"page size {ps}, {dtype}; GB/s (% of read bandwidth)")
+          f"page size {ps}, {dtype}; {layers} calls (layers) per jitted step; GB/s (% of read bandwidth)")
     print("| B | L | " + " | ".join(names) +
           (" | v2 paged / best(jax.nn paged) | v2 contiguous / best(jax.nn contiguous) |" if speedup else " |"))
     print("|---|---|" + "---|" * (len(names) + 2 * speedup))
@@ -287,7 +324,7 @@ def main(argv=None):
     if "cuda_v2 paged" in impls:
         # Host-bound check: a batch whose calls are enqueued about as slowly as they
         # complete measures the host's dispatch, not the kernel.
-        print("\n| B | L | cuda_v2 paged us / call | host enqueue us / call | calls per batch |\n|---|---|---|---|---|")
+        print("\n| B | L | cuda_v2 paged us / call | host enqueue us / call | steps per batch |\n|---|---|---|---|---|")
         for r in rows:
             rec = r["impls"].get("cuda_v2 paged", {})
             if rec.get("ms") is not None:

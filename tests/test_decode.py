@@ -706,3 +706,31 @@ def test_cuda_decode_inside_cuda_graphs():
     res = run_with_command_buffers(_GRAPH_SCRIPT, drop_env=("JAXATTN_CUDA_DECODE_POISON",))
     line = [x for x in res.stdout.splitlines() if x.startswith("ERR")][0].split()
     assert float(line[1]) <= 2e-2 and line[3] == "True", line
+
+
+def test_decode_benchmark_layered_step_on_cpu(tmp_path):
+    """benchmarks/decode.py's jitted multi-layer step: every column of a small CPU row
+    is timed and agrees with jaxattn's XLA path, per call (per layer), each layer
+    on its own query (a step that reused one query would still agree; the stacked
+    outputs must then differ between layers)."""
+    import importlib.util
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "decode.py")
+    spec = importlib.util.spec_from_file_location("decode_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rc = bench.main(["--cpu", "--batches", "2", "--contexts", "200", "--layers", "3", "--reps", "1",
+                     "--rep-batches", "1", "--warmup", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    (row,) = json.load(open(tmp_path / "decode.json"))["rows"]
+    assert row["layers"] == 3 and row["caches"] == 3
+    assert {"jaxattn paged", "jaxattn contiguous", "xla", "xla paged"} <= set(row["impls"])
+    for name, rec in row["impls"].items():
+        assert rec["ms"] > 0 and rec.get("check_ok", True), (name, rec)
+    qs = [jnp.ones((1, 1, 4, 8)) * (i + 1) for i in range(2)]
+    kc = jax.random.normal(jax.random.PRNGKey(0), (1, 16, 2, 8))
+    step = bench.layered(lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(q, kc, vc, kv_lengths=L), 2)
+    out = step(qs, [kc], [kc], [kc], [kc * 2], jnp.array([16], jnp.int32), None)
+    assert out.shape == (2, 1, 1, 4, 8) and not np.allclose(out[0], out[1])
