@@ -4,18 +4,18 @@
 # because ptxas scheduled the V fragments' ldmatrix differently).
 #
 # Builds tests/cuda/decode_check.cu several ways for sm_90 -- plain, with each
-# entry of $EXPS (experiment macros; A+B defines both; default: EARLY_V, Q_REGS
-# and both), and the
+# entry of $EXPS (experiment macros, e.g. EXPS="JAXATTN_EXP_X JAXATTN_EXP_X+JAXATTN_EXP_Y";
+# A+B defines both; default: none), and the
 # timeline build (-DJAXATTN_DECODE_TIMELINE) -- then, on a GPU, times the issue-9
 # rows (decode_check --row: the default column first) with every build, and runs
 # the float64 checker (--fast --no-bench) on each experiment build.
-#   BUILD_ONLY=1 scripts/decode_build_ab.sh   # here, without a GPU (~3 min on 2 cores)
+#   BUILD_ONLY=1 scripts/decode_build_ab.sh   # here, without a GPU (~1 min a build on 2 cores)
 #   RUN_ONLY=1 OUT=$OUT scripts/decode_build_ab.sh   # on the GPU machine, build/decode_ab carried
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 B=${BUILD:-build/decode_ab}
-EXPS=${EXPS:-"JAXATTN_EXP_DECODE_EARLY_V JAXATTN_EXP_DECODE_Q_REGS JAXATTN_EXP_DECODE_EARLY_V+JAXATTN_EXP_DECODE_Q_REGS"}
+EXPS=${EXPS:-}
 ROWS=${ROWS:-"64 4096;16 16384;16 4096"}
 FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -Icuda -Itests/cuda -gencode arch=compute_90,code=sm_90)
 names=(plain)

@@ -363,20 +363,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
   const uint32_t q_addr = ptx::smem_addr(q_s) + sm80::lane_offset_a<kPitch>(lane);
-  // Prepared, not yet run (-DJAXATTN_EXP_DECODE_Q_REGS, session 16): the Q
-  // fragments held in registers for the whole loop (H <= 128: 32 registers at
-  // H=128) instead of 8 ldmatrix per tile; q_s is complete after the prologue's
-  // barrier.
-#ifdef JAXATTN_EXP_DECODE_Q_REGS
-  constexpr bool kQRegs = H <= 128;
-#else
-  constexpr bool kQRegs = false;
-#endif
-  uint32_t q_frag[kQRegs ? H / 16 : 1][4];
-  if constexpr (kQRegs) {
-#pragma unroll
-    for (int kk = 0; kk < H / 16; ++kk) ptx::ldmatrix_x4(q_frag[kk], q_addr + kk * 16 * 2);
-  }
   const uint32_t k_lane = ptx::smem_addr(ring) + (warp * 16 * kPitch) * 2 + sm80::lane_offset_b<kPitch>(lane);
   const uint32_t v_lane =
       ptx::smem_addr(ring) + (L::kTileElems + warp * 16 * kPitch) * 2 + sm80::lane_offset_a<kPitch>(lane);
@@ -431,27 +417,14 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
 
     float s_acc[1][2][4];
     sm80::clear(s_acc);
-    if constexpr (kQRegs) {
-#pragma unroll
-      for (int kk = 0; kk < H / 16; ++kk) {
-        uint32_t kf[4];
-        ptx::ldmatrix_x4(kf, k_lane + stage_off + kk * 16 * 2);
-        ptx::mma_16816<Elem>(s_acc[0][0], q_frag[kk], kf[0], kf[1]);
-        ptx::mma_16816<Elem>(s_acc[0][1], q_frag[kk], kf[2], kf[3]);
-      }
-    } else {
-      sm80::gemm_ss_abt<Elem, 1, 2, H, kPitch, kPitch>(s_acc, q_addr, k_lane + stage_off);
-    }
-    // Prepared, not yet run (-DJAXATTN_EXP_DECODE_EARLY_V, session 16): the V
-    // fragments of this tile read before the softmax so their shared-memory
-    // latency hides under it (H <= 128: 32 registers). ptxas did this on its own
-    // in the timeline build and not in the plain one, 8-10% apart on paged
-    // caches (perf.md, session 16, run 9).
-#ifdef JAXATTN_EXP_DECODE_EARLY_V
+    sm80::gemm_ss_abt<Elem, 1, 2, H, kPitch, kPitch>(s_acc, q_addr, k_lane + stage_off);
+    // The V fragments of this tile are read before the softmax, so their shared-
+    // memory latency hides under it (H <= 128: 32 registers; 157 at H=128). Left
+    // to ptxas they were read after it: 8-11% slower on paged caches (H200,
+    // perf.md session 17 run 1: B=64 L=4K 79 -> 90%, B=16 L=16K 82 -> 89%, B=16
+    // L=4K 71 -> 80% of read bandwidth). (Q fragments kept in registers instead of
+    // 8 ldmatrix a tile: no gain on top of this, same run.)
     constexpr bool kEarlyV = H <= 128;
-#else
-    constexpr bool kEarlyV = false;
-#endif
     uint32_t v_frag[kEarlyV ? H / 16 : 1][4];
     if constexpr (kEarlyV) {
 #pragma unroll
