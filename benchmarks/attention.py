@@ -19,6 +19,15 @@ calls (~20 ms; one call when a call takes >= 50 ms) and one sync, so host
 dispatch overlaps device work as in a training loop; the sync's cost (and
 the dispatch cost, measured once on a trivial jitted function,
 `dispatch_overhead_us` in the JSON) matters only for the smallest rows.
+The implementations of a row take turns (round robin), one sample each per
+turn by default. The H200 runs power-capped (~700 W) and sets its clock from
+a ~1 s average of the power, so in that round robin every implementation runs
+at the clock the mix sets: an implementation that draws less power per clock
+(the portable kernels) is timed below its own clock, the hungriest above it.
+`--settle-ms 1500 --turn-samples 5` runs each implementation untimed for
+1.5 s before each of its turns, measuring each at its own clock (session 17:
+the portable H=128 T=16K forward read 324 TFLOP/s beside cuDNN at 1 sample a
+turn and 348 alone).
 Inputs rotate over 3 sets when one set (q, k, v[, dout]) is smaller than
 `--rotate-below-mib` (default 128 MiB, about 2x an H200's L2), so that no
 timed run finds its inputs in a warm L2. At the default GPU sizes a single
@@ -137,6 +146,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=None, help="B*T per row (default 16384)")
     p.add_argument("--width", type=int, default=None, help="N*H per row (default 2048)")
     p.add_argument("--reps", type=int, default=None, help="timed runs (default 10; --cpu 3)")
+    p.add_argument("--settle-ms", type=float, default=0.0,
+                   help="untimed calls of an implementation for this long before each of its turns "
+                        "(default 0); the H200 runs power-capped and its clock follows a ~1 s average "
+                        "of the power, so in a round robin of ~20 ms samples every implementation "
+                        "runs at the clock the mix sets; ~1500 measures each at its own")
+    p.add_argument("--turn-samples", type=int, default=1,
+                   help="timed samples per implementation per round-robin turn (default 1)")
     p.add_argument("--warmup", type=int, default=None,
                    help="untimed runs after compiling (default 2; --cpu 1)")
     p.add_argument("--xla-max-logits-gib", type=float, default=8.0,
@@ -400,6 +416,15 @@ def sample(jax, state: dict, arg_sets, i: int) -> None:
         raise
 
 
+def settle(jax, state: dict, arg_sets, seconds: float) -> None:
+    """Untimed back-to-back calls for `seconds` (the clock settles to this implementation)."""
+    compiled, n = state["compiled"], len(arg_sets)
+    t0, i = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        jax.block_until_ready([compiled(*arg_sets[(i + j) % n]) for j in range(state["inner"])])
+        i += state["inner"]
+
+
 def stats_of(state: dict) -> dict:
     ms = sorted(x * 1e3 for x in state["times"])
     return {
@@ -554,12 +579,16 @@ def run_row(args, jax, jnp, jaxattn, device, row: dict, idx: int) -> tuple[dict,
             if failed(impl, e):
                 fatal = True
                 break
-    for i in range(args.reps):
+    per_turn = max(1, args.turn_samples)
+    for turn in range(-(-args.reps // per_turn)):
         if fatal:
             break
         for impl in list(states):
             try:
-                sample(jax, states[impl], arg_sets, i)
+                if args.settle_ms > 0:
+                    settle(jax, states[impl], arg_sets, args.settle_ms * 1e-3)
+                for i in range(turn * per_turn, min(args.reps, (turn + 1) * per_turn)):
+                    sample(jax, states[impl], arg_sets, i)
             except Exception as e:  # noqa: BLE001
                 del states[impl]
                 outputs.pop(impl, None)
@@ -822,6 +851,8 @@ def report(doc: dict, out_dir: str) -> str:
     table = markdown_table(doc["rows"], impl_list)
     header = (f"{env['device']} | jax {env['jax']} | jaxattn implementation="
               f"{doc['config']['jaxattn_implementation']} | {env['date']} | {doc.get('elapsed_s')} s"
+              + (f" | settle {doc['config']['settle_ms']:.0f} ms, {doc['config'].get('turn_samples', 1)} samples a turn"
+                 if doc["config"].get("settle_ms") else " | round robin, 1 sample a turn")
               + ("" if doc.get("complete") else " | INCOMPLETE"))
     with open(md_path, "w") as f:
         f.write(header + "\n\n" + table + "\n")
@@ -874,7 +905,7 @@ def main(argv=None) -> int:
         "passes": args.pass_list, "dtypes": args.dtype_list, "heads": args.heads, "seqlens": args.seqlens,
         "causal": args.causal_list, "impls": args.impl_list, "jaxattn_implementation": args.implementation,
         "tokens": None if args.cpu else args.tokens, "width": None if args.cpu else args.width,
-        "reps": args.reps, "warmup": args.warmup, "xla_max_logits_gib": args.xla_max_logits_gib,
+        "reps": args.reps, "warmup": args.warmup, "settle_ms": args.settle_ms, "turn_samples": args.turn_samples, "xla_max_logits_gib": args.xla_max_logits_gib,
         "xla_max_seqlen": args.xla_max_seqlen, "rotate_below_mib": args.rotate_below_mib,
         "check_tol": None if args.no_check else args.check_tol, "time_budget_s": args.time_budget,
         "flops": "fwd = 4*B*N*T*S*H (halved if causal); fwd+bwd = 3.5 x fwd",
