@@ -729,6 +729,26 @@ def test_decode_benchmark_layered_step_on_cpu(tmp_path):
     assert {"jaxattn paged", "jaxattn contiguous", "xla", "xla paged"} <= set(row["impls"])
     for name, rec in row["impls"].items():
         assert rec["ms"] > 0 and rec.get("check_ok", True), (name, rec)
+    # A column whose multi-layer step runs out of memory falls back to one layer a
+    # step, and is still compared with the others (here: the reference column).
+    real, calls = bench.compile_step, []
+
+    def tight(jax_, fn, layers, inputs, warmup):
+        calls.append(layers)
+        if len(calls) == 1:  # the first column ("jaxattn xla paged"), at 2 layers
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory (test)")
+        return real(jax_, fn, layers, inputs, warmup)
+    bench.compile_step = tight
+    try:
+        rc = bench.main(["--cpu", "--batches", "1", "--contexts", "130", "--layers", "2", "--reps", "1",
+                         "--rep-batches", "1", "--warmup", "1", "--out", str(tmp_path / "oom")])
+    finally:
+        bench.compile_step = real
+    assert rc == 0
+    (row,) = json.load(open(tmp_path / "oom" / "decode.json"))["rows"]
+    assert row["impls"]["jaxattn xla paged"]["layers"] == 1 and row["impls"]["xla"]["layers"] == 2
+    for name, rec in row["impls"].items():
+        assert rec["ms"] > 0 and rec.get("check_ok", True), (name, rec)
     qs = [jnp.ones((1, 1, 4, 8)) * (i + 1) for i in range(2)]
     kc = jax.random.normal(jax.random.PRNGKey(0), (1, 16, 2, 8))
     step = bench.layered(lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(q, kc, vc, kv_lengths=L), 2)
