@@ -1,0 +1,184 @@
+// Decode's read pattern without the attention (issue 9, session 17): does reading a
+// [B, L, K, H] cache one KV head per CTA (256-byte pieces at a 2 KB stride, H=128
+// bf16, K=8) stream slower than reading it a whole key row (all K heads, 2 KB
+// contiguous) at a time? cuDNN's decode reads a contiguous cache at 94-102% of the
+// measured read bandwidth where ours reads 79-93% (session 17, run 2); if the
+// per-head pattern alone costs that, the loop needs CTAs that own key rows, not heads.
+//
+// Every kernel reads the same bytes (K and V, B * L * K * H bf16 each) with the same
+// grid size (splits * K * B CTAs of 128 threads, two resident per SM through a 100 KB
+// shared-memory request, as the decode kernel) and 16-byte loads, 16 in flight per
+// thread per tensor:
+//   per_head  CTA (split, kh, b): keys of its split, head kh only (decode's pattern);
+//   per_row   CTA (split', b): 1/K of the keys of row b, every head (2 KB rows; on a
+//             contiguous cache each CTA reads one contiguous range);
+//   the same two through a shuffled page table of 64-key pages ("paged").
+// Prints GB/s, and each column as % of per_row on the contiguous cache.
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 tests/cuda/stream_probe.cu -o stream_probe
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                             \
+  do {                                                                                    \
+    cudaError_t e_ = (x);                                                                 \
+    if (e_ != cudaSuccess) {                                                              \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+constexpr int kK = 8, kRowBytes = 256, kThreads = 128, kUnroll = 16, kPage = 64;
+
+// (not volatile: ptxas may issue a whole unrolled step's loads before the first use)
+__device__ __forceinline__ uint4 ldg_nc(const uint4* p) { return __ldg(p); }
+
+struct Args {
+  const char *k, *v;
+  const int* table;  // [B, L / kPage] page ids, or null (contiguous)
+  int B, L, splits;
+  unsigned* sink;
+};
+
+// Byte offset of (b, key j, head kh) in the cache; `pages` holds the page ids of
+// the CTA's keys from j0 on (shared memory, as the decode kernel keeps them).
+__device__ __forceinline__ int64_t offset(const Args& a, const int* pages, int j0, int b, int j, int kh) {
+  int64_t row;
+  if (a.table) {
+    row = int64_t(pages[(j - j0) / kPage]) * kPage + j % kPage;
+  } else {
+    row = int64_t(b) * a.L + j;
+  }
+  return (row * kK + kh) * kRowBytes;
+}
+
+// The page ids of keys [j0, j0 + n) of row b into shared memory.
+__device__ __forceinline__ void stage_pages(const Args& a, int* pages, int b, int j0, int n) {
+  if (a.table)
+    for (int i = threadIdx.x; i < n / kPage; i += kThreads) pages[i] = a.table[b * (a.L / kPage) + j0 / kPage + i];
+  __syncthreads();
+}
+
+__device__ __forceinline__ uint32_t fold(uint4 x) { return x.x ^ x.y ^ x.z ^ x.w; }
+
+// Mode 1: per_head; 2: per_row.
+template <int kMode>
+__global__ void __launch_bounds__(kThreads) probe(Args a) {
+  extern __shared__ int pages_s[];  // page ids; 100 KB requested: two CTAs per SM
+  const int tid = threadIdx.x;
+  const int cta = blockIdx.x;
+  uint32_t acc = 0;
+  if constexpr (kMode == 1) {
+    // CTA (split, kh, b); 16 threads a 256-byte row piece, 8 rows a step, kUnroll steps in flight.
+    const int split = cta % a.splits, kh = (cta / a.splits) % kK, b = cta / (a.splits * kK);
+    const int chunk = a.L / a.splits, j0 = split * chunk;
+    const int r = tid / 16, c = (tid % 16) * 16;
+    stage_pages(a, pages_s, b, j0, chunk);
+    for (int j = j0 + r; j < j0 + chunk; j += 8 * kUnroll) {
+      uint4 x[kUnroll], y[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int jj = min(j + 8 * u, j0 + chunk - 1);
+        const int64_t off = offset(a, pages_s, j0, b, jj, kh) + c;
+        x[u] = ldg_nc(reinterpret_cast<const uint4*>(a.k + off));
+        y[u] = ldg_nc(reinterpret_cast<const uint4*>(a.v + off));
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) acc ^= fold(x[u]) ^ fold(y[u]);
+    }
+  } else {
+    // CTA (split', b) with splits * K of them per row: a whole 2 KB key row an iteration.
+    const int parts = a.splits * kK, part = cta % parts, b = cta / parts;
+    const int chunk = a.L / parts, j0 = part * chunk;
+    const int kh = tid / 16, c = (tid % 16) * 16;
+    stage_pages(a, pages_s, b, j0, chunk);
+    for (int j = j0; j < j0 + chunk; j += kUnroll) {
+      uint4 x[kUnroll], y[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int jj = min(j + u, j0 + chunk - 1);
+        const int64_t off = offset(a, pages_s, j0, b, jj, kh) + c;
+        x[u] = ldg_nc(reinterpret_cast<const uint4*>(a.k + off));
+        y[u] = ldg_nc(reinterpret_cast<const uint4*>(a.v + off));
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) acc ^= fold(x[u]) ^ fold(y[u]);
+    }
+  }
+  if (acc == 0x9e3779b9u) a.sink[cta * kThreads + tid] = acc;  // keeps the loads
+}
+
+template <int kMode>
+static float time_ms(const Args& a, int ctas, int reps) {
+  constexpr int kSmem = 100 * 1024;
+  CK(cudaFuncSetAttribute(probe<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int round = 0; round < 7; ++round) {
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < reps; ++i) probe<kMode><<<ctas, kThreads, kSmem>>>(a);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float t;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t / reps);
+  }
+  CK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int main() {
+  std::printf("| B | L | splits | per_row GB/s | per_head | per_head paged | per_row paged |\n"
+              "|---|---|---|---|---|---|---|\n");
+  struct Row { int B, L, splits; };
+  for (Row r : {Row{16, 4096, 2}, Row{64, 4096, 1}, Row{16, 16384, 2}, Row{64, 16384, 1}}) {
+    const size_t bytes = size_t(r.B) * r.L * kK * kRowBytes;
+    char *k, *v;
+    unsigned* sink;
+    CK(cudaMalloc(&k, bytes));
+    CK(cudaMalloc(&v, bytes));
+    CK(cudaMemset(k, 1, bytes));
+    CK(cudaMemset(v, 2, bytes));
+    const int ctas = r.splits * kK * r.B;
+    CK(cudaMalloc(&sink, size_t(ctas) * kThreads * 4));
+    const int pages = r.B * r.L / kPage;
+    std::vector<int> perm(pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(r.B * 31 + r.L));
+    int* table;
+    CK(cudaMalloc(&table, pages * sizeof(int)));
+    CK(cudaMemcpy(table, perm.data(), pages * sizeof(int), cudaMemcpyHostToDevice));
+    Args a{k, v, nullptr, r.B, r.L, r.splits, sink};
+    Args ap = a;
+    ap.table = table;
+    const int reps = 20;
+    const double gb = 2.0 * bytes / 1e9;
+    float t[4];
+    for (int pass = 0; pass < 2; ++pass) {  // the first pass warms up
+      t[0] = time_ms<2>(a, ctas, reps);
+      t[1] = time_ms<1>(a, ctas, reps);
+      t[2] = time_ms<1>(ap, ctas, reps);
+      t[3] = time_ms<2>(ap, ctas, reps);
+    }
+    const double flat = gb / (t[0] * 1e-3);
+    std::printf("| %d | %d | %d | %.0f |", r.B, r.L, r.splits, flat);
+    for (int i = 1; i < 4; ++i) {
+      const double g = gb / (t[i] * 1e-3);
+      std::printf(" %.0f (%.0f%%) |", g, 100 * g / flat);
+    }
+    std::printf("\n");
+    CK(cudaFree(k));
+    CK(cudaFree(v));
+    CK(cudaFree(sink));
+    CK(cudaFree(table));
+  }
+  return 0;
+}
