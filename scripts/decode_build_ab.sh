@@ -11,6 +11,8 @@
 # the float64 checker (--fast --no-bench) on each experiment build.
 #   BUILD_ONLY=1 scripts/decode_build_ab.sh   # here, without a GPU (~1 min a build on 2 cores)
 #   RUN_ONLY=1 OUT=$OUT scripts/decode_build_ab.sh   # on the GPU machine, build/decode_ab carried
+# TIMELINE=0 leaves the timeline build out; CHECK=0 skips the float64 checks
+# (timing-only experiment builds, e.g. the NO_MATH / NO_LOAD probes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -20,7 +22,7 @@ ROWS=${ROWS:-"64 4096;16 16384;16 4096"}
 FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -Icuda -Itests/cuda -gencode arch=compute_90,code=sm_90)
 names=(plain)
 for e in $EXPS; do names+=("$e"); done
-names+=(timeline)
+[ "${TIMELINE:-1}" = 1 ] && names+=(timeline)
 build_one() {  # name, extra flags...
   local name=$1; shift
   local d="$B/$name"; mkdir -p "$d"
@@ -33,7 +35,7 @@ build_one() {  # name, extra flags...
 if [ "${RUN_ONLY:-0}" != 1 ]; then
   build_one plain
   for e in $EXPS; do build_one "$e" $(printf -- '-D%s ' ${e//+/ }); done
-  build_one timeline -DJAXATTN_DECODE_TIMELINE
+  [ "${TIMELINE:-1}" = 1 ] && build_one timeline -DJAXATTN_DECODE_TIMELINE
 fi
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0
 OUT=${OUT:-$B}
@@ -43,6 +45,7 @@ for row in "${rows[@]}"; do
     echo "== $n $row"; timeout 40 "$B/$n/decode_check" --row $row 2>&1 | grep "^| [0-9]" | head -1
   done
 done | tee "$OUT/decode_ab_rows.txt"
+[ "${CHECK:-1}" = 1 ] || exit 0  # CHECK=0: timing-only experiment builds (no float64 check)
 for e in $EXPS; do
   timeout 200 "$B/$e/decode_check" --fast --no-bench >"$OUT/decode_ab_check_$e.txt" 2>&1 || true
   echo "float64 $e: $(grep -c '^ok' "$OUT/decode_ab_check_$e.txt") ok, $(grep -c FAIL "$OUT/decode_ab_check_$e.txt") FAIL"

@@ -399,7 +399,13 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       if (lean && next < num_tiles) nb = tile_bases(next);  // (pages_s is read-only by now)
       ptx::cp_async_wait<kStages - 2>();
       __syncthreads();  // tile `tile` is in; every warp is done with tile - 1
+      // Timing probe (-DJAXATTN_EXP_DECODE_NO_LOAD, wrong results): the loop issues
+      // no copies, so it times the math and the barriers alone.
+#ifndef JAXATTN_EXP_DECODE_NO_LOAD
       if (next < num_tiles) {
+#else
+      if (next < num_tiles && num_tiles < 0) {
+#endif
         if (lean) {
           load_tile_lean(next, nb);
         } else {
@@ -414,6 +420,9 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     if (tile == num_tiles / 2) JAXATTN_DECODE_MARK(3);
 #endif
     const uint32_t stage_off = (tile % kStages) * 2 * L::kTileElems * 2;
+    // Timing probe (-DJAXATTN_EXP_DECODE_NO_MATH, wrong results): the loop waits for
+    // and refills its ring with no math, so it times the loader and the barriers alone.
+#ifndef JAXATTN_EXP_DECODE_NO_MATH
 
     float s_acc[1][2][4];
     sm80::clear(s_acc);
@@ -478,6 +487,9 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     } else {
       sm80::gemm_rs_ab<Elem, 1, H / 8, 1, kPitch>(o_acc, p_frag, v_lane + stage_off);
     }
+#else
+    (void)stage_off;
+#endif
     if (refill) {
       __syncthreads();  // every warp is done with this stage: refill it now
       if (tile + kStages < num_tiles) load_tile(tile + kStages);
