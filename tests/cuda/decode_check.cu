@@ -17,7 +17,7 @@
 // plan, cluster merge of 2 chunks), "v2shnc" (the same plan, combine kernel)
 // and "v2shlong" (kV2ShortLong: kV2Short with chunks beyond kMaxChunk).
 // The bench times, per issue-9 row, the default next to kV2Short, kV2Short
-// with long chunks, the default with kV2Touch and the session-5 loader
+// with long chunks, the default with kV2Refill and the session-5 loader
 // (shuffled pages), the default through the identity page table, and the
 // default and kV2Short as a contiguous cache; optionally (--sweep) forced
 // split counts on the short rows; it ends with the short table of the issue-9
@@ -430,7 +430,7 @@ static void bench(double peak) {
                       {"short + long chunks", jc::kV2ShortLong, 0},
                       {"short", jc::kV2Short, 0},
                       {"default identity", def, 2},
-                      {"default + touch", def | jc::kV2Touch, 0},
+                      {"default + refill", def | jc::kV2Refill, 0},
                       {"default contig", def, 1},
                       {"short contig", jc::kV2Short, 1},
                       {"hoist (session-5 default)", jc::kV2Hoist, 0}};
