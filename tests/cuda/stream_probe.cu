@@ -12,8 +12,13 @@
 //   per_head  CTA (split, kh, b): keys of its split, head kh only (decode's pattern);
 //   per_row   CTA (split', b): 1/K of the keys of row b, every head (2 KB rows; on a
 //             contiguous cache each CTA reads one contiguous range);
-//   the same two through a shuffled page table of 64-key pages ("paged").
-// Prints GB/s, and each column as % of per_row on the contiguous cache.
+//   the same two through a shuffled page table of 64-key pages ("paged");
+//   per_head through a 3-stage shared-memory ring as decode's loop, filled by
+//   16-byte cp.async copies ("cp.async ring") or by one 256-byte cp.async.bulk per
+//   row on per-stage mbarriers ("bulk ring"). Run 4 (session 17): per_head and
+//   per_row read alike (97-100%), so the DRAM pattern is not decode's gap.
+// Prints GB/s, and each column as % of per_row on the contiguous cache; the ring
+// columns (below) also check the words they read.
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 tests/cuda/stream_probe.cu -o stream_probe
 #include <cuda_runtime.h>
 
@@ -43,6 +48,7 @@ struct Args {
   const int* table;  // [B, L / kPage] page ids, or null (contiguous)
   int B, L, splits;
   unsigned* sink;
+  unsigned* errors;  // ring modes: words read that were not the copied bytes
 };
 
 // Byte offset of (b, key j, head kh) in the cache; `pages` holds the page ids of
@@ -113,6 +119,135 @@ __global__ void __launch_bounds__(kThreads) probe(Args a) {
   if (acc == 0x9e3779b9u) a.sink[cta * kThreads + tid] = acc;  // keeps the loads
 }
 
+// ---- the per_head pattern through a shared-memory ring, as decode's loop ---------
+// (session 17, run 5: decode's loop with no math stops at 92% where the register
+// loads above read 97-100%; is it the copies into shared memory?). Tiles of 64 keys
+// (K and V: 32 KB) into kStages stages of the decode kernel's padded layout (272-byte
+// rows), one CTA-wide barrier per tile; the CTA reads one word per thread of each tile.
+//   kBulk = false: every thread issues 16-byte cp.async.cg copies (decode's loader);
+//   kBulk = true:  warp 0 issues one 256-byte cp.async.bulk per row, completing on the
+//                  stage's mbarrier (no per-thread copies, no wait_group).
+constexpr int kStages = 3, kTileRows = 64, kPitchBytes = 272;
+constexpr int kStageBytes = 2 * kTileRows * kPitchBytes;
+constexpr int kRingSmem = kStages * kStageBytes + 1024 + 64;  // ring, page ids, mbarriers
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nPROBE_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra PROBE_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+template <bool kBulk>
+__global__ void __launch_bounds__(kThreads) ring_probe(Args a) {
+  extern __shared__ __align__(128) char smem[];
+  int* pages_s = reinterpret_cast<int*>(smem + kStages * kStageBytes);
+  const uint32_t ring = smem_u32(smem), bars = smem_u32(smem + kStages * kStageBytes + 1024);
+  const int tid = threadIdx.x, cta = blockIdx.x;
+  const int split = cta % a.splits, kh = (cta / a.splits) % kK, b = cta / (a.splits * kK);
+  const int chunk = a.L / a.splits, j0 = split * chunk, tiles = chunk / kTileRows;
+  if (kBulk && tid < kStages) mbar_init(bars + 8 * tid, 1);
+  if (kBulk) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  stage_pages(a, pages_s, b, j0, chunk);  // (its barrier also publishes the mbarriers)
+  auto issue = [&](int t) {
+    const int stage = t % kStages;
+    const uint32_t dst = ring + stage * kStageBytes;
+    const int jt = j0 + t * kTileRows;
+    if constexpr (kBulk) {
+      if (tid < 32) {
+        if (tid == 0) mbar_arrive_expect_tx(bars + 8 * stage, 2 * kTileRows * kRowBytes);
+        __syncwarp();
+        for (int r = tid; r < kTileRows; r += 32) {
+          const int64_t off = offset(a, pages_s, j0, b, jt + r, kh);
+          bulk_copy(dst + r * kPitchBytes, a.k + off, kRowBytes, bars + 8 * stage);
+          bulk_copy(dst + (kTileRows + r) * kPitchBytes, a.v + off, kRowBytes, bars + 8 * stage);
+        }
+      }
+    } else {
+      const int c = (tid % 16) * 16;
+#pragma unroll
+      for (int k = 0; k < kTileRows / 8; ++k) {
+        const int r = tid / 16 + 8 * k;
+        const int64_t off = offset(a, pages_s, j0, b, jt + r, kh) + c;
+        cp_async_16(dst + r * kPitchBytes + c, a.k + off);
+        cp_async_16(dst + (kTileRows + r) * kPitchBytes + c, a.v + off);
+      }
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
+  };
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < tiles) {
+      issue(t);
+    } else if (!kBulk) {
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
+  }
+  uint32_t acc = 0;
+  for (int t = 0; t < tiles; ++t) {
+    const int stage = t % kStages;
+    if constexpr (kBulk) {
+      mbar_wait(bars + 8 * stage, (t / kStages) & 1);
+    } else {
+      cp_async_wait<kStages - 2>();
+    }
+    __syncthreads();  // tile t is in; every thread is done with tile t - 1's stage
+    if (t + kStages - 1 < tiles) {
+      issue(t + kStages - 1);
+    } else if (!kBulk) {
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
+    const char* st = smem + stage * kStageBytes;
+    acc ^= *reinterpret_cast<const uint32_t*>(st + (tid % kTileRows) * kPitchBytes + (tid / kTileRows) * 128);
+    acc ^= *reinterpret_cast<const uint32_t*>(st + (kTileRows + tid % kTileRows) * kPitchBytes + 4);
+  }
+  // K bytes are all 1 and V bytes all 2 (main's memsets): each tile adds 0x03030303.
+  if (acc != ((tiles & 1) ? 0x03030303u : 0u)) atomicAdd(a.errors, 1u);
+}
+
+template <bool kBulk>
+static float time_ring_ms(const Args& a, int ctas, int reps) {
+  CK(cudaFuncSetAttribute(ring_probe<kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingSmem));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int round = 0; round < 7; ++round) {
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < reps; ++i) ring_probe<kBulk><<<ctas, kThreads, kRingSmem>>>(a);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float t;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t / reps);
+  }
+  CK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 template <int kMode>
 static float time_ms(const Args& a, int ctas, int reps) {
   constexpr int kSmem = 100 * 1024;
@@ -136,8 +271,8 @@ static float time_ms(const Args& a, int ctas, int reps) {
 }
 
 int main() {
-  std::printf("| B | L | splits | per_row GB/s | per_head | per_head paged | per_row paged |\n"
-              "|---|---|---|---|---|---|---|\n");
+  std::printf("| B | L | splits | per_row GB/s | per_head | per_head paged | per_row paged | cp.async ring | "
+              "cp.async ring paged | bulk ring | bulk ring paged |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   struct Row { int B, L, splits; };
   for (Row r : {Row{16, 4096, 2}, Row{64, 4096, 1}, Row{16, 16384, 2}, Row{64, 16384, 1}}) {
     const size_t bytes = size_t(r.B) * r.L * kK * kRowBytes;
@@ -156,25 +291,35 @@ int main() {
     int* table;
     CK(cudaMalloc(&table, pages * sizeof(int)));
     CK(cudaMemcpy(table, perm.data(), pages * sizeof(int), cudaMemcpyHostToDevice));
-    Args a{k, v, nullptr, r.B, r.L, r.splits, sink};
+    unsigned* errors;
+    CK(cudaMalloc(&errors, 4));
+    CK(cudaMemset(errors, 0, 4));
+    Args a{k, v, nullptr, r.B, r.L, r.splits, sink, errors};
     Args ap = a;
     ap.table = table;
     const int reps = 20;
     const double gb = 2.0 * bytes / 1e9;
-    float t[4];
+    float t[8];
     for (int pass = 0; pass < 2; ++pass) {  // the first pass warms up
       t[0] = time_ms<2>(a, ctas, reps);
       t[1] = time_ms<1>(a, ctas, reps);
       t[2] = time_ms<1>(ap, ctas, reps);
       t[3] = time_ms<2>(ap, ctas, reps);
+      t[4] = time_ring_ms<false>(a, ctas, reps);
+      t[5] = time_ring_ms<false>(ap, ctas, reps);
+      t[6] = time_ring_ms<true>(a, ctas, reps);
+      t[7] = time_ring_ms<true>(ap, ctas, reps);
     }
     const double flat = gb / (t[0] * 1e-3);
     std::printf("| %d | %d | %d | %.0f |", r.B, r.L, r.splits, flat);
-    for (int i = 1; i < 4; ++i) {
+    for (int i = 1; i < 8; ++i) {
       const double g = gb / (t[i] * 1e-3);
       std::printf(" %.0f (%.0f%%) |", g, 100 * g / flat);
     }
-    std::printf("\n");
+    unsigned errs = 0;
+    CK(cudaMemcpy(&errs, errors, 4, cudaMemcpyDeviceToHost));
+    std::printf(errs ? " RING ERRORS: %u\n" : "\n", errs);
+    CK(cudaFree(errors));
     CK(cudaFree(k));
     CK(cudaFree(v));
     CK(cudaFree(sink));
