@@ -19,7 +19,7 @@
 //   per_row read alike (97-100%), so the DRAM pattern is not decode's gap.
 // Prints GB/s, and each column as % of per_row on the contiguous cache; the ring
 // columns (below) also check the words they read.
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 tests/cuda/stream_probe.cu -o stream_probe
+//   nvcc -O3 -std=c++17 -Icuda -gencode arch=compute_90,code=sm_90 tests/cuda/stream_probe.cu -o stream_probe
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,6 +28,12 @@
 #include <numeric>
 #include <random>
 #include <vector>
+
+#include "common/hopper_ptx.h"
+#include "common/ptx.h"
+
+namespace ptx = jaxattn::ptx;
+namespace hptx = jaxattn::hptx;
 
 #define CK(x)                                                                             \
   do {                                                                                    \
@@ -131,46 +137,16 @@ constexpr int kStages = 3, kTileRows = 64, kPitchBytes = 272;
 constexpr int kStageBytes = 2 * kTileRows * kPitchBytes;
 constexpr int kRingSmem = kStages * kStageBytes + 1024 + 64;  // ring, page ids, mbarriers
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nPROBE_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra PROBE_WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
 template <bool kBulk>
 __global__ void __launch_bounds__(kThreads) ring_probe(Args a) {
   extern __shared__ __align__(128) char smem[];
   int* pages_s = reinterpret_cast<int*>(smem + kStages * kStageBytes);
-  const uint32_t ring = smem_u32(smem), bars = smem_u32(smem + kStages * kStageBytes + 1024);
+  const uint32_t ring = ptx::smem_addr(smem), bars = ptx::smem_addr(smem + kStages * kStageBytes + 1024);
   const int tid = threadIdx.x, cta = blockIdx.x;
   const int split = cta % a.splits, kh = (cta / a.splits) % kK, b = cta / (a.splits * kK);
   const int chunk = a.L / a.splits, j0 = split * chunk, tiles = chunk / kTileRows;
-  if (kBulk && tid < kStages) mbar_init(bars + 8 * tid, 1);
-  if (kBulk) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  if (kBulk && tid < kStages) hptx::mbar_init(bars + 8 * tid, 1);
+  if (kBulk) hptx::mbar_init_fence();
   stage_pages(a, pages_s, b, j0, chunk);  // (its barrier also publishes the mbarriers)
   auto issue = [&](int t) {
     const int stage = t % kStages;
@@ -178,12 +154,12 @@ __global__ void __launch_bounds__(kThreads) ring_probe(Args a) {
     const int jt = j0 + t * kTileRows;
     if constexpr (kBulk) {
       if (tid < 32) {
-        if (tid == 0) mbar_arrive_expect_tx(bars + 8 * stage, 2 * kTileRows * kRowBytes);
+        if (tid == 0) hptx::mbar_arrive_expect_tx(bars + 8 * stage, 2 * kTileRows * kRowBytes);
         __syncwarp();
         for (int r = tid; r < kTileRows; r += 32) {
           const int64_t off = offset(a, pages_s, j0, b, jt + r, kh);
-          bulk_copy(dst + r * kPitchBytes, a.k + off, kRowBytes, bars + 8 * stage);
-          bulk_copy(dst + (kTileRows + r) * kPitchBytes, a.v + off, kRowBytes, bars + 8 * stage);
+          hptx::bulk_load(dst + r * kPitchBytes, a.k + off, kRowBytes, bars + 8 * stage);
+          hptx::bulk_load(dst + (kTileRows + r) * kPitchBytes, a.v + off, kRowBytes, bars + 8 * stage);
         }
       }
     } else {
@@ -192,32 +168,32 @@ __global__ void __launch_bounds__(kThreads) ring_probe(Args a) {
       for (int k = 0; k < kTileRows / 8; ++k) {
         const int r = tid / 16 + 8 * k;
         const int64_t off = offset(a, pages_s, j0, b, jt + r, kh) + c;
-        cp_async_16(dst + r * kPitchBytes + c, a.k + off);
-        cp_async_16(dst + (kTileRows + r) * kPitchBytes + c, a.v + off);
+        ptx::cp_async_16(dst + r * kPitchBytes + c, a.k + off, true);
+        ptx::cp_async_16(dst + (kTileRows + r) * kPitchBytes + c, a.v + off, true);
       }
-      asm volatile("cp.async.commit_group;\n" ::);
+      ptx::cp_async_commit();
     }
   };
   for (int t = 0; t < kStages - 1; ++t) {
     if (t < tiles) {
       issue(t);
     } else if (!kBulk) {
-      asm volatile("cp.async.commit_group;\n" ::);
+      ptx::cp_async_commit();
     }
   }
   uint32_t acc = 0;
   for (int t = 0; t < tiles; ++t) {
     const int stage = t % kStages;
     if constexpr (kBulk) {
-      mbar_wait(bars + 8 * stage, (t / kStages) & 1);
+      hptx::mbar_wait(bars + 8 * stage, (t / kStages) & 1);
     } else {
-      cp_async_wait<kStages - 2>();
+      ptx::cp_async_wait<kStages - 2>();
     }
     __syncthreads();  // tile t is in; every thread is done with tile t - 1's stage
     if (t + kStages - 1 < tiles) {
       issue(t + kStages - 1);
     } else if (!kBulk) {
-      asm volatile("cp.async.commit_group;\n" ::);
+      ptx::cp_async_commit();
     }
     const char* st = smem + stage * kStageBytes;
     acc ^= *reinterpret_cast<const uint32_t*>(st + (tid % kTileRows) * kPitchBytes + (tid / kTileRows) * 128);
