@@ -203,16 +203,16 @@ __global__ void __launch_bounds__(kThreads) ring_probe(Args a) {
   if (acc != ((tiles & 1) ? 0x03030303u : 0u)) atomicAdd(a.errors, 1u);
 }
 
-template <bool kBulk>
-static float time_ring_ms(const Args& a, int ctas, int reps) {
-  CK(cudaFuncSetAttribute(ring_probe<kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingSmem));
+// Median ms per launch of `kernel` over 7 rounds of `reps` back-to-back launches.
+static float time_ms(void (*kernel)(Args), int smem, const Args& a, int ctas, int reps) {
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   std::vector<float> ms;
   for (int round = 0; round < 7; ++round) {
     CK(cudaEventRecord(e0));
-    for (int i = 0; i < reps; ++i) ring_probe<kBulk><<<ctas, kThreads, kRingSmem>>>(a);
+    for (int i = 0; i < reps; ++i) kernel<<<ctas, kThreads, smem>>>(a);
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     float t;
@@ -220,28 +220,8 @@ static float time_ring_ms(const Args& a, int ctas, int reps) {
     ms.push_back(t / reps);
   }
   CK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-template <int kMode>
-static float time_ms(const Args& a, int ctas, int reps) {
-  constexpr int kSmem = 100 * 1024;
-  CK(cudaFuncSetAttribute(probe<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int round = 0; round < 7; ++round) {
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < reps; ++i) probe<kMode><<<ctas, kThreads, kSmem>>>(a);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float t;
-    CK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t / reps);
-  }
-  CK(cudaGetLastError());
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
@@ -277,14 +257,15 @@ int main() {
     const double gb = 2.0 * bytes / 1e9;
     float t[8];
     for (int pass = 0; pass < 2; ++pass) {  // the first pass warms up
-      t[0] = time_ms<2>(a, ctas, reps);
-      t[1] = time_ms<1>(a, ctas, reps);
-      t[2] = time_ms<1>(ap, ctas, reps);
-      t[3] = time_ms<2>(ap, ctas, reps);
-      t[4] = time_ring_ms<false>(a, ctas, reps);
-      t[5] = time_ring_ms<false>(ap, ctas, reps);
-      t[6] = time_ring_ms<true>(a, ctas, reps);
-      t[7] = time_ring_ms<true>(ap, ctas, reps);
+      constexpr int kSmem = 100 * 1024;  // two CTAs per SM, as decode
+      t[0] = time_ms(probe<2>, kSmem, a, ctas, reps);
+      t[1] = time_ms(probe<1>, kSmem, a, ctas, reps);
+      t[2] = time_ms(probe<1>, kSmem, ap, ctas, reps);
+      t[3] = time_ms(probe<2>, kSmem, ap, ctas, reps);
+      t[4] = time_ms(ring_probe<false>, kRingSmem, a, ctas, reps);
+      t[5] = time_ms(ring_probe<false>, kRingSmem, ap, ctas, reps);
+      t[6] = time_ms(ring_probe<true>, kRingSmem, a, ctas, reps);
+      t[7] = time_ms(ring_probe<true>, kRingSmem, ap, ctas, reps);
     }
     const double flat = gb / (t[0] * 1e-3);
     std::printf("| %d | %d | %d | %.0f |", r.B, r.L, r.splits, flat);
