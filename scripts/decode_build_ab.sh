@@ -12,7 +12,8 @@
 #   BUILD_ONLY=1 scripts/decode_build_ab.sh   # here, without a GPU (~1 min a build on 2 cores)
 #   RUN_ONLY=1 OUT=$OUT scripts/decode_build_ab.sh   # on the GPU machine, build/decode_ab carried
 # TIMELINE=0 leaves the timeline build out; CHECK=0 skips the float64 checks
-# (timing-only experiment builds, e.g. the NO_MATH / NO_LOAD probes).
+# (timing-only experiment builds, e.g. the NO_MATH / NO_LOAD probes); CHECK_EXPS="..."
+# checks only those builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -46,7 +47,7 @@ for row in "${rows[@]}"; do
   done
 done | tee "$OUT/decode_ab_rows.txt"
 [ "${CHECK:-1}" = 1 ] || exit 0  # CHECK=0: timing-only experiment builds (no float64 check)
-for e in $EXPS; do
+for e in ${CHECK_EXPS:-$EXPS}; do  # CHECK_EXPS: the builds to check (default: every one)
   timeout 200 "$B/$e/decode_check" --fast --no-bench >"$OUT/decode_ab_check_$e.txt" 2>&1 || true
   echo "float64 $e: $(grep -c '^ok' "$OUT/decode_ab_check_$e.txt") ok, $(grep -c FAIL "$OUT/decode_ab_check_$e.txt") FAIL"
 done
