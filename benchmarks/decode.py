@@ -190,10 +190,10 @@ def main(argv=None):
     contexts = args.contexts or ([1024, 4096] if args.cpu else [4096, 16384, 65536])
     dtype = jnp.dtype(args.dtype)
     N, K, H, ps, T = args.heads, args.kv_heads, args.head_dim, args.page_size, args.queries
-    peak = read_bandwidth(jax, jnp, device, (256 << 20) if args.cpu else (4 << 30))
     layers = args.layers or (1 if args.cpu else 8)
     if layers < 1:
         raise SystemExit("--layers must be >= 1")
+    peak = read_bandwidth(jax, jnp, device, (256 << 20) if args.cpu else (4 << 30))
     print(f"# {device.device_kind}: measured read bandwidth {peak / 1e9:.0f} GB/s", file=sys.stderr)
 
     impls = {"jaxattn xla paged": lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(
