@@ -210,18 +210,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     }
     *reinterpret_cast<uint4*>(q_s + r * kPitch + col) = v;
   }
-  // Prepared, not yet run (-DJAXATTN_EXP_DECODE_BULK, session 17; sm_90+, the lean
-  // loader without refill): warp 0 fills a ring stage with one cp.async.bulk per K
-  // and V row (H * 2 bytes each) completing on the stage's mbarrier, instead of 16
-  // cp.async copies per thread and a wait_group; rows past the chunk's end are
-  // zeroed by warp 0 with ordinary stores before its arrival. The loop's barrier per
-  // tile stays (every warp done with the stage warp 0 refills next).
-#ifdef JAXATTN_DECODE_BULK_ON
-  const bool bulk = plan.lean && (!paged || (plan.hoist && ps >= kBlockN)) && !plan.refill;
-  const uint32_t bars = ptx::smem_addr(smem + L::kBarOffset);
-  if (bulk && tid < kStages) hptx::mbar_init(bars + 8 * tid, 1);
-  if (bulk) hptx::mbar_init_fence();
-#endif
   __syncthreads();  // pages_s, q_s
   JAXATTN_DECODE_MARK(1);
 
@@ -284,6 +272,19 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   // issue right after the barrier); per row: a compare, selects, a
   // multiply-add, no branch.
   const bool lean = plan.lean && (!paged || hoist);
+  // Prepared, not yet run (-DJAXATTN_EXP_DECODE_BULK, session 17; sm_90+, the lean
+  // loader without refill): warp 0 fills a ring stage with one cp.async.bulk per K
+  // and V row (H * 2 bytes each) completing on the stage's mbarrier, instead of 16
+  // cp.async copies per thread and a wait_group; rows past the chunk's end are
+  // zeroed by warp 0 with ordinary stores before its arrival. The loop's barrier per
+  // tile stays (every warp done with the stage warp 0 refills next).
+#ifdef JAXATTN_DECODE_BULK_ON
+  const bool bulk = lean && !plan.refill;
+  const uint32_t bars = ptx::smem_addr(smem + L::kBarOffset);
+  if (bulk && tid < kStages) hptx::mbar_init(bars + 8 * tid, 1);
+  if (bulk) hptx::mbar_init_fence();
+  __syncthreads();  // the mbarriers, before warp 0's first copies
+#endif
   struct TileBases {
     const Elem *ka, *kb, *va, *vb;
     int lim, jt;

@@ -93,8 +93,9 @@ constexpr int kV2ShortLong = kV2Short | kV2LongChunks;
 // lean loader and PDL. H200, paged page 64, against kV2Short in the same run: the
 // plain build (what ships) B=16 L=4K 71 -> 73% of the read bandwidth, B=16 L=16K
 // 79 -> 82%, B=64 L=4K 80 -> 80% (checker); through JAX -3..+6 points (B=64 L=64K
-// 81 -> 87%). Built with the timeline stamps the same source reads 80 / 89 / 88%
-// (perf.md, session 16: ptxas schedules the V reads differently).
+// 81 -> 87%). Since session 17 the kernel reads each tile's V fragments before the
+// softmax (what ptxas had done only in the timeline build): the default reads 90 / 89
+// / 80% at B=64 L=4K / B=16 L=16K / B=16 L=4K in the checker (perf.md, session 17).
 constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl;
 // Before: kV2Short (session 6; before it kV2Hoist, hoisted
 // page lookups alone: -DJAXATTN_DECODE_V2_VARIANT=kV2Hoist builds that). H200, session 4
