@@ -8,6 +8,13 @@ contiguous cache. --only NAME runs one of them for a profiler
 (ncu -k regex:decode_mma --launch-skip ...).
 
   python3 scripts/decode_jax_probe.py --B 64 --L 4096 [--only paged|identity|contiguous]
+  python3 scripts/decode_jax_probe.py --B 16 --L 4096 --trace 8   # GPU kernel timeline (jax.profiler)
+
+--trace LAYERS: jitted steps of LAYERS paged calls (each its own query, as
+benchmarks/decode.py times them) under jax.profiler; prints every GPU kernel's
+count, median duration and the median idle gap before it on its stream, and
+one step's kernels in order. Run it under different XLA_FLAGS (e.g. command
+buffers for custom calls) to see what XLA puts between the decode kernels.
 """
 import argparse
 import os
@@ -52,6 +59,57 @@ def timeline(cases, B, calls, nbytes, K=8, max_splits=16, skip=10):
               f"first tile {med(first):.1f}, loop {med(loop):.1f}, epilogue {med(epi):.1f}")
 
 
+def kernel_trace(step, steps=20):
+    """GPU kernels of `steps` calls of `step` (jax.profiler, Perfetto JSON): per
+    kernel name the count, median duration and median gap since the previous
+    kernel on the same stream ended; then one step's kernels in order."""
+    import collections
+    import glob
+    import gzip
+    import json
+    import tempfile
+    d = tempfile.mkdtemp()
+    jax.block_until_ready(step())
+    with jax.profiler.trace(d, create_perfetto_trace=True):
+        outs = [step() for _ in range(steps)]
+        jax.block_until_ready(outs)
+    paths = glob.glob(f"{d}/**/perfetto_trace.json.gz", recursive=True)
+    if not paths:
+        print("trace: no perfetto_trace.json.gz written under", d)
+        return
+    data = json.load(gzip.open(paths[0]))
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    pname = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    gpu = [e for e in events if e.get("ph") == "X" and "GPU" in pname.get(e.get("pid"), "")]
+    if not gpu:
+        print("trace: no GPU process among", sorted(set(pname.values()))[:20])
+    streams = collections.defaultdict(list)
+    for e in gpu:
+        streams[(e["pid"], e.get("tid"))].append(e)
+    print(f"trace: {len(gpu)} GPU events on {len(streams)} streams; processes: "
+          f"{sorted(set(pname.get(e['pid']) for e in gpu))}")
+    stats = collections.defaultdict(lambda: ([], []))
+    longest = []
+    for evs in streams.values():
+        evs.sort(key=lambda e: e["ts"])
+        if len(evs) > len(longest):
+            longest = evs
+        for prev, e in zip([None] + evs[:-1], evs):
+            durs, gaps = stats[e["name"][:60]]
+            durs.append(e.get("dur", 0.0))
+            if prev is not None:
+                gaps.append(e["ts"] - prev["ts"] - prev.get("dur", 0.0))
+    med = lambda v: statistics.median(v) if v else float("nan")  # noqa: E731
+    print(f"{'kernel':60s} {'count':>6s} {'dur us':>8s} {'gap us':>8s}")
+    for name, (durs, gaps) in sorted(stats.items(), key=lambda kv: -len(kv[1][0])):
+        print(f"{name:60s} {len(durs):6d} {med(durs):8.1f} {med(gaps):8.1f}")
+    mid = len(longest) // 2
+    print("one stretch of the busiest stream (name, dur us, gap before us):")
+    for prev, e in zip(longest[mid - 1:mid + 11], longest[mid:mid + 12]):
+        print(f"  {e['name'][:70]:70s} {e.get('dur', 0.0):8.1f} {e['ts'] - prev['ts'] - prev.get('dur', 0.0):8.1f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--B", type=int, default=64)
@@ -59,6 +117,8 @@ def main():
     ap.add_argument("--only", default=None)
     ap.add_argument("--calls", type=int, default=40, help="calls with --only")
     ap.add_argument("--variant", type=int, default=None, help="also run with this JAXATTN_CUDA_DECODE_VARIANT")
+    ap.add_argument("--trace", type=int, default=0,
+                    help="LAYERS: kernel timeline of jitted steps of LAYERS paged calls (jax.profiler)")
     ap.add_argument("--timeline", action="store_true",
                     help="per-CTA phase stamps of back-to-back jitted calls (needs a -DJAXATTN_DECODE_TIMELINE build)")
     a = ap.parse_args()
@@ -101,6 +161,13 @@ def main():
         out = jax.block_until_ready(f())
         err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
         assert err < 5e-2, (name, err)
+    if a.trace:
+        qs = [jax.random.normal(jax.random.PRNGKey(7 + i), q.shape, q.dtype) for i in range(a.trace)]
+        step = jax.jit(lambda qs, k, v, L, t: [jaxattn.decode_attention(x, k, v, kv_lengths=L, block_table=t,
+                                                                        implementation="cuda_v2") for x in qs])
+        print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+        kernel_trace(lambda: step(qs, kp, vp, lengths, table))
+        return
     if a.timeline:
         timeline(cases, B, a.calls, nbytes=(2 * B * L * K * H + 2 * B * N * H) * 2)
         return

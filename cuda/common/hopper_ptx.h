@@ -300,7 +300,8 @@ __device__ __forceinline__ void tma_reduce_add_5d(const void* tmap, uint32_t src
 }
 // Contiguous bulk copy global -> shared of `bytes` (a multiple of 16; both addresses
 // 16-byte aligned), no tensor map; completes `bytes` of transactions on the mbarrier
-// `bar`. (sm_90; the decode bulk-loader switch and tests/cuda/stream_probe.cu.)
+// `bar`. (sm_90; tests/cuda/stream_probe.cu's bulk ring: one copy per 256-byte key row
+// streamed at half the read bandwidth, perf.md session 18 run 1.)
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)

@@ -41,12 +41,6 @@
 #pragma once
 
 #include "common/ptx.h"
-#ifdef JAXATTN_EXP_DECODE_BULK
-#include "common/hopper_ptx.h"
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define JAXATTN_DECODE_BULK_ON 1  // the prepared bulk loader is compiled in (below)
-#endif
-#endif
 #include "decode/decode_common.cuh"
 #include "sm80/smem_tile.cuh"
 
@@ -95,13 +89,7 @@ struct MmaLayout {
       kRingBytes > kPartOffset + kPartBytes ? kRingBytes : kPartOffset + kPartBytes;
   static constexpr int kQOffset = kFirstBytes;
   static constexpr int kPagesOffset = kQOffset + kRows * kPitch * 2;
-#ifdef JAXATTN_EXP_DECODE_BULK
-  // The ring stages' mbarriers (the bulk loader, below).
-  static constexpr int kBarOffset = (kPagesOffset + kMaxChunkPages * 4 + 7) / 8 * 8;
-  static constexpr int kSmemBytes = kBarOffset + kStages * 8;
-#else
   static constexpr int kSmemBytes = kPagesOffset + kMaxChunkPages * 4;
-#endif
 };
 
 // Thread block cluster helpers (sm_90+; the host selects plan.cluster only
@@ -272,19 +260,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   // issue right after the barrier); per row: a compare, selects, a
   // multiply-add, no branch.
   const bool lean = plan.lean && (!paged || hoist);
-  // Prepared, not yet run (-DJAXATTN_EXP_DECODE_BULK, session 17; sm_90+, the lean
-  // loader without refill): warp 0 fills a ring stage with one cp.async.bulk per K
-  // and V row (H * 2 bytes each) completing on the stage's mbarrier, instead of 16
-  // cp.async copies per thread and a wait_group; rows past the chunk's end are
-  // zeroed by warp 0 with ordinary stores before its arrival. The loop's barrier per
-  // tile stays (every warp done with the stage warp 0 refills next).
-#ifdef JAXATTN_DECODE_BULK_ON
-  const bool bulk = lean && !plan.refill;
-  const uint32_t bars = ptx::smem_addr(smem + L::kBarOffset);
-  if (bulk && tid < kStages) hptx::mbar_init(bars + 8 * tid, 1);
-  if (bulk) hptx::mbar_init_fence();
-  __syncthreads();  // the mbarriers, before warp 0's first copies
-#endif
   struct TileBases {
     const Elem *ka, *kb, *va, *vb;
     int lim, jt;
@@ -320,41 +295,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       ptx::cp_async_16(dst + L::kTileElems * 2 + off_s, valid ? vs : vbase, valid);
     }
   };
-#ifdef JAXATTN_DECODE_BULK_ON
-  // The bulk loader (see above; warp 0 only, the other warps return at once).
-  auto load_tile_bulk = [&](int tile, const TileBases& t) {
-    if (warp != 0) return;
-    const int stage = tile % kStages;
-    Elem* kst = ring + stage * 2 * L::kTileElems;
-    Elem* vst = kst + L::kTileElems;
-    const int valid_rows = min(kBlockN, j_end - t.jt);
-    for (int r = valid_rows + lane; r < kBlockN; r += 32) {  // the chunk's last tile only
-      for (int c = 0; c < H; c += 8) {
-        *reinterpret_cast<uint4*>(kst + r * kPitch + c) = make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(vst + r * kPitch + c) = make_uint4(0, 0, 0, 0);
-      }
-    }
-    __syncwarp();
-    const uint32_t bar = bars + 8 * stage;
-    if (lane == 0) hptx::mbar_arrive_expect_tx(bar, 2 * valid_rows * H * 2);
-    __syncwarp();
-    const uint32_t kdst = ptx::smem_addr(kst), vdst = ptx::smem_addr(vst);
-    for (int r = lane; r < valid_rows; r += 32) {
-      const bool in_a = r < t.lim;
-      const Elem* ks = (in_a ? t.ka : t.kb) - ld_col + int64_t(r) * p.k_row_stride;
-      const Elem* vs = (in_a ? t.va : t.vb) - ld_col + int64_t(r) * p.v_row_stride;
-      hptx::bulk_load(kdst + r * kPitch * 2, ks, H * 2, bar);
-      hptx::bulk_load(vdst + r * kPitch * 2, vs, H * 2, bar);
-    }
-  };
-#endif
   auto load_tile = [&](int tile) {
-#ifdef JAXATTN_DECODE_BULK_ON
-    if (bulk) {
-      load_tile_bulk(tile, tile_bases(tile));
-      return;
-    }
-#endif
     if (lean) {
       load_tile_lean(tile, tile_bases(tile));
       return;
@@ -456,15 +397,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       const int next = tile + kStages - 1;
       TileBases nb{};
       if (lean && next < num_tiles) nb = tile_bases(next);  // (pages_s is read-only by now)
-#ifdef JAXATTN_DECODE_BULK_ON
-      if (bulk) {
-        hptx::mbar_wait(bars + 8 * (tile % kStages), (tile / kStages) & 1);
-      } else {
-        ptx::cp_async_wait<kStages - 2>();
-      }
-#else
       ptx::cp_async_wait<kStages - 2>();
-#endif
       __syncthreads();  // tile `tile` is in; every warp is done with tile - 1
       // Timing probe (-DJAXATTN_EXP_DECODE_NO_LOAD, wrong results): the loop issues
       // no copies, so it times the math and the barriers alone.
@@ -472,11 +405,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       if (next < num_tiles) {
 #else
       if (next < num_tiles && num_tiles < 0) {
-#endif
-#ifdef JAXATTN_DECODE_BULK_ON
-        if (bulk) {
-          load_tile_bulk(next, nb);
-        } else
 #endif
         if (lean) {
           load_tile_lean(next, nb);
