@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxattn
+from kernel_trace import kernel_trace
 
 
 def timeline(cases, B, calls, nbytes, K=8, max_splits=16, skip=10):
@@ -57,57 +58,6 @@ def timeline(cases, B, calls, nbytes, K=8, max_splits=16, skip=10):
         print(f"timeline {name}: CTAs {int(used.sum())}, span {med(spans):.1f} us, gap {med(gaps):.1f}, "
               f"period {med(periods):.1f} ({nbytes / med(periods) / 1e3:.0f} GB/s); prologue {med(pro):.1f}, "
               f"first tile {med(first):.1f}, loop {med(loop):.1f}, epilogue {med(epi):.1f}")
-
-
-def kernel_trace(step, steps=20):
-    """GPU kernels of `steps` calls of `step` (jax.profiler, Perfetto JSON): per
-    kernel name the count, median duration and median gap since the previous
-    kernel on the same stream ended; then one step's kernels in order."""
-    import collections
-    import glob
-    import gzip
-    import json
-    import tempfile
-    d = tempfile.mkdtemp()
-    jax.block_until_ready(step())
-    with jax.profiler.trace(d, create_perfetto_trace=True):
-        outs = [step() for _ in range(steps)]
-        jax.block_until_ready(outs)
-    paths = glob.glob(f"{d}/**/perfetto_trace.json.gz", recursive=True)
-    if not paths:
-        print("trace: no perfetto_trace.json.gz written under", d)
-        return
-    data = json.load(gzip.open(paths[0]))
-    events = data["traceEvents"] if isinstance(data, dict) else data
-    pname = {e["pid"]: e.get("args", {}).get("name", "") for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
-    gpu = [e for e in events if e.get("ph") == "X" and "GPU" in pname.get(e.get("pid"), "")]
-    if not gpu:
-        print("trace: no GPU process among", sorted(set(pname.values()))[:20])
-    streams = collections.defaultdict(list)
-    for e in gpu:
-        streams[(e["pid"], e.get("tid"))].append(e)
-    print(f"trace: {len(gpu)} GPU events on {len(streams)} streams; processes: "
-          f"{sorted(set(pname.get(e['pid']) for e in gpu))}")
-    stats = collections.defaultdict(lambda: ([], []))
-    longest = []
-    for evs in streams.values():
-        evs.sort(key=lambda e: e["ts"])
-        if len(evs) > len(longest):
-            longest = evs
-        for prev, e in zip([None] + evs[:-1], evs):
-            durs, gaps = stats[e["name"][:60]]
-            durs.append(e.get("dur", 0.0))
-            if prev is not None:
-                gaps.append(e["ts"] - prev["ts"] - prev.get("dur", 0.0))
-    med = lambda v: statistics.median(v) if v else float("nan")  # noqa: E731
-    print(f"{'kernel':60s} {'count':>6s} {'dur us':>8s} {'gap us':>8s}")
-    for name, (durs, gaps) in sorted(stats.items(), key=lambda kv: -len(kv[1][0])):
-        print(f"{name:60s} {len(durs):6d} {med(durs):8.1f} {med(gaps):8.1f}")
-    mid = len(longest) // 2
-    print("one stretch of the busiest stream (name, dur us, gap before us):")
-    for prev, e in zip(longest[mid - 1:mid + 11], longest[mid:mid + 12]):
-        print(f"  {e['name'][:70]:70s} {e.get('dur', 0.0):8.1f} {e['ts'] - prev['ts'] - prev.get('dur', 0.0):8.1f}")
 
 
 def main():

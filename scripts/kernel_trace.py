@@ -1,0 +1,95 @@
+"""GPU kernel timelines of jitted calls through jax.profiler (Perfetto JSON).
+
+kernel_trace(step) prints every GPU kernel of `steps` calls of `step`: count,
+median duration, median idle gap since the previous kernel on its stream
+ended, and a stretch of the busiest stream in order -- what XLA runs around a
+custom call, and what each piece costs.
+
+As a script, the attention benchmark's rows (benchmarks/attention.py's
+inputs and functions: B*T = 16K tokens, N*H = 2048):
+  python3 scripts/kernel_trace.py --heads 64 --seqlen 1024 --causal 0 --pass fwd --impls jaxattn,cudnn
+"""
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+import jax
+
+
+def kernel_trace(step, steps=20):
+    """GPU kernels of `steps` calls of `step` (jax.profiler, Perfetto JSON): per
+    kernel name the count, median duration and median gap since the previous
+    kernel on the same stream ended; then one step's kernels in order."""
+    d = tempfile.mkdtemp()
+    jax.block_until_ready(step())
+    with jax.profiler.trace(d, create_perfetto_trace=True):
+        outs = [step() for _ in range(steps)]
+        jax.block_until_ready(outs)
+    paths = glob.glob(f"{d}/**/perfetto_trace.json.gz", recursive=True)
+    if not paths:
+        print("trace: no perfetto_trace.json.gz written under", d)
+        return
+    data = json.load(gzip.open(paths[0]))
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    pname = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    gpu = [e for e in events if e.get("ph") == "X" and "GPU" in pname.get(e.get("pid"), "")]
+    if not gpu:
+        print("trace: no GPU process among", sorted(set(pname.values()))[:20])
+    streams = collections.defaultdict(list)
+    for e in gpu:
+        streams[(e["pid"], e.get("tid"))].append(e)
+    print(f"trace: {len(gpu)} GPU events on {len(streams)} streams; processes: "
+          f"{sorted(set(pname.get(e['pid']) for e in gpu))}")
+    stats = collections.defaultdict(lambda: ([], []))
+    longest = []
+    for evs in streams.values():
+        evs.sort(key=lambda e: e["ts"])
+        if len(evs) > len(longest):
+            longest = evs
+        for prev, e in zip([None] + evs[:-1], evs):
+            durs, gaps = stats[e["name"][:60]]
+            durs.append(e.get("dur", 0.0))
+            if prev is not None:
+                gaps.append(e["ts"] - prev["ts"] - prev.get("dur", 0.0))
+    med = lambda v: statistics.median(v) if v else float("nan")  # noqa: E731
+    print(f"{'kernel':60s} {'count':>6s} {'dur us':>8s} {'gap us':>8s}")
+    for name, (durs, gaps) in sorted(stats.items(), key=lambda kv: -len(kv[1][0])):
+        print(f"{name:60s} {len(durs):6d} {med(durs):8.1f} {med(gaps):8.1f}")
+    mid = len(longest) // 2
+    print("one stretch of the busiest stream (name, dur us, gap before us):")
+    for prev, e in zip(longest[mid - 1:mid + 11], longest[mid:mid + 12]):
+        print(f"  {e['name'][:70]:70s} {e.get('dur', 0.0):8.1f} {e['ts'] - prev['ts'] - prev.get('dur', 0.0):8.1f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heads", type=int, default=64, help="head dim H")
+    ap.add_argument("--seqlen", type=int, default=1024)
+    ap.add_argument("--causal", type=int, default=0)
+    ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "fwdbwd"))
+    ap.add_argument("--impls", default="jaxattn,cudnn")
+    ap.add_argument("--steps", type=int, default=10)
+    a = ap.parse_args()
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+    import attention as bench  # noqa: E402
+    import jax.numpy as jnp
+    import jaxattn
+    H, T = a.heads, a.seqlen
+    row = dict(pass_=a.pass_, dtype="bfloat16", B=max(1, 16384 // T), T=T, S=T, N=2048 // H, K=2048 // H, H=H,
+               causal=bool(a.causal))
+    args = bench.make_inputs(jax, jnp, row, jax.devices()[0], 1, 0)[0]
+    for impl in a.impls.split(","):
+        f = jax.jit(bench.build_function(jax, jnp, jaxattn, impl, row, None))
+        print(f"== {impl}: {a.pass_} H={H} T={T} B={row['B']} N={row['N']} causal={a.causal}")
+        kernel_trace(lambda: f(*args), a.steps)
+
+
+if __name__ == "__main__":
+    main()
