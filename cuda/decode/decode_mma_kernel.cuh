@@ -440,11 +440,12 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
           ks = kbase + ko;
           vs = vbase + vo;
         }
-        const uint32_t off_s = r * kPitch * 2;
+        const uint32_t off_s = k * kPRows * kPitch * 2;  // (pdst holds row prow)
         ptx::cp_async_16(dst + off_s, valid ? ks : kbase, valid);
         ptx::cp_async_16(dst + L::kTileElems * 2 + off_s, valid ? vs : vbase, valid);
       }
       ptx::cp_async_mbar_arrive_noinc(full_bar + 8 * stage);
+      ptx::cp_async_commit();  // (so the wait after the loop covers the last copies)
     }
   }
 #endif
