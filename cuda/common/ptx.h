@@ -73,13 +73,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, boo
                "r"(src_bytes));
 }
 
-// Arrives on the mbarrier at shared address `bar` once every cp.async this thread
-// issued before has landed; the arrival counts against the barrier's expected
-// count (.noinc), so the barrier is initialised with one arrival per such thread.
-__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
 // Fetches the 128-byte line holding `gmem` into L2 (no register written,
 // nothing to wait for).
 __device__ __forceinline__ void prefetch_l2(const void* gmem) {

@@ -41,12 +41,6 @@
 #pragma once
 
 #include "common/ptx.h"
-#ifdef JAXATTN_EXP_DECODE_WS
-#include "common/hopper_ptx.h"
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define JAXATTN_DECODE_WS_ON 1  // the warp-specialized loop is compiled in (below)
-#endif
-#endif
 #include "decode/decode_common.cuh"
 #include "sm80/smem_tile.cuh"
 
@@ -73,23 +67,15 @@ template <int H>
 struct MmaLayout {
   static constexpr int kBlockN = MmaConfig<H>::kBlockN;
   static constexpr int kStages = MmaConfig<H>::kStages;
-  static constexpr int kWarps = kBlockN / 16;  // 16 keys per warp (the math warps)
-  // Prepared (-DJAXATTN_EXP_DECODE_WS, session 18): one more warp, the producer,
-  // fills the ring alone (below).
-#ifdef JAXATTN_EXP_DECODE_WS
-  static constexpr int kProducerWarps = 1;
-#else
-  static constexpr int kProducerWarps = 0;
-#endif
-  static constexpr int kThreads = (kWarps + kProducerWarps) * 32;
-  static constexpr int kLoadThreads = kWarps * 32;  // the shape of the all-warps loader
+  static constexpr int kWarps = kBlockN / 16;  // 16 keys per warp
+  static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = 16;       // query rows per CTA (one m16 tile)
   static constexpr int kPitch = H + 8;   // smem row pitch (elements): conflict-free ldmatrix
   static constexpr int kTileElems = kBlockN * kPitch;
   static constexpr int kChunksPerRow = H / 8;  // 16-byte copies per key row
-  static constexpr int kRowsPerPass = kLoadThreads / kChunksPerRow;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
   static constexpr int kPasses = kBlockN / kRowsPerPass;
-  static_assert(kLoadThreads % kChunksPerRow == 0 && kBlockN % kRowsPerPass == 0, "loader shape");
+  static_assert(kThreads % kChunksPerRow == 0 && kBlockN % kRowsPerPass == 0, "loader shape");
   // Shared memory: the K/V ring, or (after the loop) the warps' partial
   // results; then Q and the chunk's page ids.
   static constexpr int kRingBytes = kStages * 2 * kTileElems * 2;
@@ -103,13 +89,7 @@ struct MmaLayout {
       kRingBytes > kPartOffset + kPartBytes ? kRingBytes : kPartOffset + kPartBytes;
   static constexpr int kQOffset = kFirstBytes;
   static constexpr int kPagesOffset = kQOffset + kRows * kPitch * 2;
-#ifdef JAXATTN_EXP_DECODE_WS
-  // The ring stages' full / empty mbarriers (the warp-specialized loop).
-  static constexpr int kBarOffset = (kPagesOffset + kMaxChunkPages * 4 + 7) / 8 * 8;
-  static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8;
-#else
   static constexpr int kSmemBytes = kPagesOffset + kMaxChunkPages * 4;
-#endif
 };
 
 // Thread block cluster helpers (sm_90+; the host selects plan.cluster only
@@ -218,17 +198,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     }
     *reinterpret_cast<uint4*>(q_s + r * kPitch + col) = v;
   }
-#ifdef JAXATTN_DECODE_WS_ON
-  // The warp-specialized loop's mbarriers: full[s] completes when the producer's 32
-  // lanes' copies into stage s have landed, empty[s] when every math warp is done
-  // reading it.
-  const uint32_t full_bar = ptx::smem_addr(smem + L::kBarOffset), empty_bar = full_bar + 8 * kStages;
-  if (tid < kStages) {
-    hptx::mbar_init(full_bar + 8 * tid, 32);
-    hptx::mbar_init(empty_bar + 8 * tid, L::kWarps);
-  }
-  hptx::mbar_init_fence();
-#endif
   __syncthreads();  // pages_s, q_s
   JAXATTN_DECODE_MARK(1);
 
@@ -398,61 +367,9 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   const uint32_t v_lane =
       ptx::smem_addr(ring) + (L::kTileElems + warp * 16 * kPitch) * 2 + sm80::lane_offset_a<kPitch>(lane);
 
-#ifdef JAXATTN_DECODE_WS_ON
-  // Prepared, not yet run (-DJAXATTN_EXP_DECODE_WS, session 18; sm_90+): warp kWarps,
-  // the producer, copies every tile into the ring (16-byte cp.async, 2 x kBlockN x H
-  // x 2 / 512 per lane) as soon as its stage is empty and signals the stage's full
-  // barrier when they land; the math warps wait on full, release the stage on empty
-  // once they have read it (right after the V fragments at H <= 128), and never
-  // meet at a CTA barrier in the loop. The ring then holds kStages tiles in flight
-  // during a tile's softmax and PV, and the math warps issue no copies. (refill,
-  // prefetch: ignored.)
-  if (warp == L::kWarps) {
-    constexpr int kPRows = 32 / L::kChunksPerRow, kPPasses = kBlockN / kPRows;
-    static_assert(32 % L::kChunksPerRow == 0 && L::kLoadThreads % L::kChunksPerRow == 0, "producer shape");
-    const int prow = lane / L::kChunksPerRow;  // (ld_col is this lane's column: kLoadThreads % chunks == 0)
-    const uint32_t pdst = ptx::smem_addr(ring) + (prow * kPitch + ld_col) * 2;
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      const int stage = tile % kStages;
-      const int jt = j_begin + tile * kBlockN;
-      TileBases t{};
-      int off = 0;
-      int64_t ka = 0, va = 0, kb = 0, vb = 0;
-      if (lean) {
-        t = tile_bases(tile);
-      } else if (hoist) {
-        tile_pages(jt, off, ka, va, kb, vb);
-      }
-      if (tile >= kStages) hptx::mbar_wait(empty_bar + 8 * stage, ((tile / kStages) - 1) & 1);
-      const uint32_t dst = pdst + stage * 2 * L::kTileElems * 2;
-#pragma unroll 8
-      for (int k = 0; k < kPPasses; ++k) {
-        const int r = prow + k * kPRows, j = jt + r;
-        const bool valid = j < j_end;
-        const Elem *ks, *vs;
-        if (lean) {
-          const bool in_a = r < t.lim;
-          ks = (in_a ? t.ka : t.kb) + int64_t(r) * p.k_row_stride;
-          vs = (in_a ? t.va : t.vb) + int64_t(r) * p.v_row_stride;
-        } else {
-          int64_t ko = 0, vo = 0;
-          if (valid) key_offsets(r, j, off, ka, va, kb, vb, ko, vo);
-          ks = kbase + ko;
-          vs = vbase + vo;
-        }
-        const uint32_t off_s = k * kPRows * kPitch * 2;  // (pdst holds row prow)
-        ptx::cp_async_16(dst + off_s, valid ? ks : kbase, valid);
-        ptx::cp_async_16(dst + L::kTileElems * 2 + off_s, valid ? vs : vbase, valid);
-      }
-      ptx::cp_async_mbar_arrive_noinc(full_bar + 8 * stage);
-      ptx::cp_async_commit();  // (so the wait after the loop covers the last copies)
-    }
-  }
-#endif
   // Tiles in the ring before the loop: kStages - 1, or every stage (refill).
   const bool refill = plan.refill;
   const int ahead = refill ? kStages : kStages - 1;
-#ifndef JAXATTN_DECODE_WS_ON
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
     if (s < ahead) {
@@ -460,7 +377,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       ptx::cp_async_commit();
     }
   }
-#endif
   // Tiles ahead .. ahead - 1 + prefetch into L2; later, each loop step
   // prefetches the tile `prefetch` beyond the one it loads (each tile once).
   for (int t = ahead; t < min(num_tiles, ahead + prefetch); ++t) prefetch_tile(t);
@@ -473,10 +389,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       ptx::prefetch_l2(vcache + page * p.v_batch_stride);
     }
   }
-#ifdef JAXATTN_DECODE_WS_ON
-  for (int tile = 0; tile < (warp < L::kWarps ? num_tiles : 0); ++tile) {
-    hptx::mbar_wait(full_bar + 8 * (tile % kStages), (tile / kStages) & 1);
-#else
   for (int tile = 0; tile < num_tiles; ++tile) {
     if (refill) {
       ptx::cp_async_wait<kStages - 1>();  // groups: kStages before the loop + one per step
@@ -503,7 +415,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       ptx::cp_async_commit();
     }
     if (prefetch > 0 && tile + ahead + prefetch < num_tiles) prefetch_tile(tile + ahead + prefetch);
-#endif
 #ifdef JAXATTN_DECODE_TIMELINE
     if (tile == 0) JAXATTN_DECODE_MARK(2);
     if (tile == num_tiles / 2) JAXATTN_DECODE_MARK(3);
@@ -527,10 +438,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     if constexpr (kEarlyV) {
 #pragma unroll
       for (int jp = 0; jp < H / 16; ++jp) ptx::ldmatrix_x4_trans(v_frag[jp], v_lane + stage_off + jp * 16 * 2);
-#ifdef JAXATTN_DECODE_WS_ON
-      __syncwarp();  // the warp's reads of the stage are done (the arrival releases them)
-      if (lane == 0) hptx::mbar_arrive(empty_bar + 8 * (tile % kStages));
-#endif
     }
 
     const int jw = j_begin + tile * kBlockN + warp * 16;
@@ -579,25 +486,15 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       }
     } else {
       sm80::gemm_rs_ab<Elem, 1, H / 8, 1, kPitch>(o_acc, p_frag, v_lane + stage_off);
-#ifdef JAXATTN_DECODE_WS_ON
-      __syncwarp();
-      if (lane == 0) hptx::mbar_arrive(empty_bar + 8 * (tile % kStages));
-#endif
     }
 #else
     (void)stage_off;
-#ifdef JAXATTN_DECODE_WS_ON
-    __syncwarp();
-    if (lane == 0) hptx::mbar_arrive(empty_bar + 8 * (tile % kStages));
 #endif
-#endif
-#ifndef JAXATTN_DECODE_WS_ON
     if (refill) {
       __syncthreads();  // every warp is done with this stage: refill it now
       if (tile + kStages < num_tiles) load_tile(tile + kStages);
       ptx::cp_async_commit();
     }
-#endif
   }
   ptx::cp_async_wait<0>();
   __syncthreads();  // the ring is free: the merge buffers alias it
@@ -635,9 +532,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   for (int h = 0; h < 2; ++h) {
     const float lsum = ptx::quad_sum(l[h]);
     const int r = g + 8 * h;
-#ifdef JAXATTN_DECODE_WS_ON
-    if (warp >= L::kWarps) break;  // the producer holds no partial result
-#endif
     if (t4 == 0) {
       red_m[warp * L::kRows + r] = m[h];
       red_l[warp * L::kRows + r] = lsum;
