@@ -13,7 +13,7 @@ contiguous cache. --only NAME runs one of them for a profiler
 --trace LAYERS: jitted steps of LAYERS paged calls (each its own query, as
 benchmarks/decode.py times them) under jax.profiler; prints every GPU kernel's
 count, median duration and the median idle gap before it on its stream, and
-one step's kernels in order. Run it under different XLA_FLAGS (e.g. command
+a stretch of the busiest stream in order. Run it under different XLA_FLAGS (e.g. command
 buffers for custom calls) to see what XLA puts between the decode kernels.
 """
 import argparse

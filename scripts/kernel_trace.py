@@ -25,17 +25,18 @@ import jax
 def kernel_trace(step, steps=20):
     """GPU kernels of `steps` calls of `step` (jax.profiler, Perfetto JSON): per
     kernel name the count, median duration and median gap since the previous
-    kernel on the same stream ended; then one step's kernels in order."""
-    d = tempfile.mkdtemp()
+    kernel on the same stream ended; then a stretch of the busiest stream in order."""
     jax.block_until_ready(step())
-    with jax.profiler.trace(d, create_perfetto_trace=True):
-        outs = [step() for _ in range(steps)]
-        jax.block_until_ready(outs)
-    paths = glob.glob(f"{d}/**/perfetto_trace.json.gz", recursive=True)
-    if not paths:
-        print("trace: no perfetto_trace.json.gz written under", d)
-        return
-    data = json.load(gzip.open(paths[0]))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            outs = [step() for _ in range(steps)]
+            jax.block_until_ready(outs)
+        paths = glob.glob(f"{d}/**/perfetto_trace.json.gz", recursive=True)
+        if not paths:
+            print("trace: no perfetto_trace.json.gz written")
+            return
+        with gzip.open(paths[0]) as f:
+            data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
     pname = {e["pid"]: e.get("args", {}).get("name", "") for e in events
              if e.get("ph") == "M" and e.get("name") == "process_name"}
@@ -65,7 +66,7 @@ def kernel_trace(step, steps=20):
     mid = len(longest) // 2
     print("one stretch of the busiest stream (name, dur us, gap before us):")
     for prev, e in zip(longest[mid - 1:mid + 11], longest[mid:mid + 12]):
-        print(f"  {e['name'][:70]:70s} {e.get('dur', 0.0):8.1f} {e['ts'] - prev['ts'] - prev.get('dur', 0.0):8.1f}")
+        print(f"  {e['name'][:110]:110s} {e.get('dur', 0.0):8.1f} {e['ts'] - prev['ts'] - prev.get('dur', 0.0):8.1f}")
 
 
 def main():
