@@ -444,6 +444,13 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   // A (V); 16-byte unit u of row r of a chunk sits at unit u ^ (r % 8).
   const uint32_t k_sw = (warp * 16 + (lane & 7) + (lane >> 4) * 8) * 128, y_k = (lane & 7) ^ ((lane >> 3) & 1);
   const uint32_t v_sw = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * 128, y_v = (lane & 7) ^ (lane >> 4);
+  // This lane's ldmatrix address for k-step kk of K / column block jp of V in the stage at `st`.
+  auto tma_k_addr = [&](uint32_t st, int kk) {
+    return st + (kk / 4) * L::kTmaChunkBytes + k_sw + ((((kk % 4) * 2) ^ y_k) << 4);
+  };
+  auto tma_v_addr = [&](uint32_t st, int jp) {
+    return st + L::kTmaTileBytes + (jp / 4) * L::kTmaChunkBytes + v_sw + ((((jp % 4) * 2) ^ y_v) << 4);
+  };
   if (tma.on && tid == 0) {
     hptx::prefetch_tmap(&tma.k);
     hptx::prefetch_tmap(&tma.v);
@@ -545,7 +552,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       for (int kk = 0; kk < H / 16; ++kk) {
         uint32_t a[4], kb[4];
         ptx::ldmatrix_x4(a, q_addr + kk * 16 * 2);
-        ptx::ldmatrix_x4(kb, tma_stage + (kk / 4) * L::kTmaChunkBytes + k_sw + ((((kk % 4) * 2) ^ y_k) << 4));
+        ptx::ldmatrix_x4(kb, tma_k_addr(tma_stage, kk));
         ptx::mma_16816<Elem>(s_acc[0][0], a, kb[0], kb[1]);
         ptx::mma_16816<Elem>(s_acc[0][1], a, kb[2], kb[3]);
       }
@@ -565,8 +572,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       for (int jp = 0; jp < H / 16; ++jp) {
 #ifdef JAXATTN_DECODE_TMA_ON
         if (tma.on) {
-          ptx::ldmatrix_x4_trans(v_frag[jp], tma_stage + L::kTmaTileBytes + (jp / 4) * L::kTmaChunkBytes + v_sw +
-                                                 ((((jp % 4) * 2) ^ y_v) << 4));
+          ptx::ldmatrix_x4_trans(v_frag[jp], tma_v_addr(tma_stage, jp));
           continue;
         }
 #endif
@@ -624,8 +630,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
 #pragma unroll
         for (int jp = 0; jp < H / 16; ++jp) {
           uint32_t vb[4];
-          ptx::ldmatrix_x4_trans(vb, tma_stage + L::kTmaTileBytes + (jp / 4) * L::kTmaChunkBytes + v_sw +
-                                         ((((jp % 4) * 2) ^ y_v) << 4));
+          ptx::ldmatrix_x4_trans(vb, tma_v_addr(tma_stage, jp));
           ptx::mma_16816<Elem>(o_acc[0][2 * jp], p_frag[0][0], vb[0], vb[1]);
           ptx::mma_16816<Elem>(o_acc[0][2 * jp + 1], p_frag[0][0], vb[2], vb[3]);
         }

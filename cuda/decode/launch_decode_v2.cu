@@ -224,18 +224,15 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
   {
     const bool paged = p.block_table != nullptr;
     const int nb = paged ? p.num_pages : p.batch, rows = paged ? p.page_size : p.seqlen_k;
-    const bool fits = plan.lean && (!paged || (p.page_size % 64 == 0 && plan.chunk % 64 == 0)) &&
-                      pdl_ok<H, kBf16>() &&
-                      sm90::tmap_bshd_ok(p.k, nb, rows, p.num_heads_k, p.k_batch_stride, p.k_row_stride,
-                                         p.k_head_stride) &&
-                      sm90::tmap_bshd_ok(p.v, nb, rows, p.num_heads_k, p.v_batch_stride, p.v_row_stride,
-                                         p.v_head_stride);
-    if (fits &&
-        sm90::make_tmap_bshd(&tma.k, p.k, p.dtype, nb, rows, p.num_heads_k, H, p.k_batch_stride, p.k_row_stride,
-                             p.k_head_stride, L::kBlockN, H / 64) == cudaSuccess &&
-        sm90::make_tmap_bshd(&tma.v, p.v, p.dtype, nb, rows, p.num_heads_k, H, p.v_batch_stride, p.v_row_stride,
-                             p.v_head_stride, L::kBlockN, H / 64) == cudaSuccess)
-      tma.on = 1;
+    // A tensor map of the K or V cache, when its strides allow one.
+    auto map = [&](CUtensorMap* m, const void* base, int64_t bs, int64_t rs, int64_t hs) {
+      return sm90::tmap_bshd_ok(base, nb, rows, p.num_heads_k, bs, rs, hs) &&
+             sm90::make_tmap_bshd(m, base, p.dtype, nb, rows, p.num_heads_k, H, bs, rs, hs, L::kBlockN, H / 64) ==
+                 cudaSuccess;
+    };
+    tma.on = plan.lean && (!paged || (p.page_size % 64 == 0 && plan.chunk % 64 == 0)) && pdl_ok<H, kBf16>() &&
+             map(&tma.k, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride) &&
+             map(&tma.v, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
   }
 #define JAXATTN_DECODE_TMA_ARG , tma
 #else
