@@ -8,7 +8,7 @@ contiguous cache. --only NAME runs one of them for a profiler
 (ncu -k regex:decode_mma --launch-skip ...).
 
   python3 scripts/decode_jax_probe.py --B 64 --L 4096 [--only paged|identity|contiguous]
-  python3 scripts/decode_jax_probe.py --B 16 --L 4096 --trace 8   # GPU kernel timeline (jax.profiler)
+  python3 scripts/decode_jax_probe.py --B 16 --L 4096 --trace 8 [--trace-impl cudnn]  # GPU kernel timeline
 
 --trace LAYERS: jitted steps of LAYERS paged calls (each its own query, as
 benchmarks/decode.py times them) under jax.profiler; prints every GPU kernel's
@@ -69,6 +69,9 @@ def main():
     ap.add_argument("--variant", type=int, default=None, help="also run with this JAXATTN_CUDA_DECODE_VARIANT")
     ap.add_argument("--trace", type=int, default=0,
                     help="LAYERS: kernel timeline of jitted steps of LAYERS paged calls (jax.profiler)")
+    ap.add_argument("--trace-impl", default="paged", choices=("paged", "contiguous", "cudnn"),
+                    help="what --trace steps call: jaxattn on the paged or contiguous cache, or "
+                         "jax.nn.dot_product_attention(implementation='cudnn') on the contiguous cache")
     ap.add_argument("--timeline", action="store_true",
                     help="per-CTA phase stamps of back-to-back jitted calls (needs a -DJAXATTN_DECODE_TIMELINE build)")
     a = ap.parse_args()
@@ -113,10 +116,18 @@ def main():
         assert err < 5e-2, (name, err)
     if a.trace:
         qs = [jax.random.normal(jax.random.PRNGKey(7 + i), q.shape, q.dtype) for i in range(a.trace)]
-        step = jax.jit(lambda qs, k, v, L, t: [jaxattn.decode_attention(x, k, v, kv_lengths=L, block_table=t,
-                                                                        implementation="cuda_v2") for x in qs])
-        print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
-        kernel_trace(lambda: step(qs, kp, vp, lengths, table))
+        # The caches go in as arguments (a closure would make them constants of the jitted step).
+        one, args = {
+            "paged": (lambda x, k, v: jaxattn.decode_attention(x, k, v, kv_lengths=lengths, block_table=table,
+                                                                implementation="cuda_v2"), (kp, vp)),
+            "contiguous": (lambda x, k, v: jaxattn.decode_attention(x, k, v, kv_lengths=lengths,
+                                                                     implementation="cuda_v2"), (kc, vc)),
+            "cudnn": (lambda x, k, v: jax.nn.dot_product_attention(x, k, v, key_value_seq_lengths=lengths,
+                                                                    implementation="cudnn"), (kc, vc)),
+        }[a.trace_impl]
+        step = jax.jit(lambda qs, k, v: [one(x, k, v) for x in qs])
+        print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r} trace: {a.trace_impl}")
+        kernel_trace(lambda: step(qs, *args))
         return
     if a.timeline:
         timeline(cases, B, a.calls, nbytes=(2 * B * L * K * H + 2 * B * N * H) * 2)

@@ -57,11 +57,9 @@ namespace jaxattn::cuda::decode {
 #ifdef JAXATTN_EXP_DECODE_TMA
 // Prepared, not yet run (-DJAXATTN_EXP_DECODE_TMA, session 18): tensor maps of the
 // K and V caches ([pages or B, rows, K, H] as make_tmap_bshd describes them: boxes of
-// kBlockN rows x H, 128B-swizzled 64-column chunks) and whether this launch loads
-// its tiles with them (on: sm_90, lean plan, contiguous or pages a multiple of 64).
+// kBlockN rows x H, 128B-swizzled 64-column chunks), read by decode_mma_kernel<.., kTma = true>.
 struct DecodeTma {
   CUtensorMap k, v;
-  int on;
 };
 #define JAXATTN_DECODE_TMA_PARAM , const __grid_constant__ DecodeTma tma
 #else
@@ -170,7 +168,9 @@ __device__ DecodeTimeline g_decode_timeline;
 #define JAXATTN_DECODE_MARK(i) ((void)0)
 #endif
 
-template <int H, bool kBf16>
+// kTma: the TMA tile loader (-DJAXATTN_EXP_DECODE_TMA builds, sm_90 code; its own
+// instance, so the cp.async loader's code is what it is without it).
+template <int H, bool kBf16, bool kTma = false>
 __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     decode_mma_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan JAXATTN_DECODE_TMA_PARAM) {
   using L = MmaLayout<H>;
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   // TMA tiles start on 64-key boundaries (page-aligned): keys [lo / 64 * 64, lo) are
   // read too and masked by the window (their V rows are zeroed, below).
   const int lo_keys = lo;
-  if (tma.on) lo = lo / 64 * 64;
+  if (kTma) lo = lo / 64 * 64;
 #endif
   int chunk = plan.chunk;
   if (plan.adaptive) {
@@ -246,8 +246,8 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   }
 #ifdef JAXATTN_DECODE_TMA_ON
   const uint32_t full_bar = ptx::smem_addr(smem + L::kBarOffset);  // full[s]: stage s's K and V landed
-  if (tma.on && tid < kStages) hptx::mbar_init(full_bar + 8 * tid, 1);
-  if (tma.on) hptx::mbar_init_fence();
+  if (kTma && tid < kStages) hptx::mbar_init(full_bar + 8 * tid, 1);
+  if (kTma) hptx::mbar_init_fence();
 #endif
   __syncthreads();  // pages_s, q_s
   JAXATTN_DECODE_MARK(1);
@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       ptx::smem_addr(ring) + (L::kTileElems + warp * 16 * kPitch) * 2 + sm80::lane_offset_a<kPitch>(lane);
 
 #ifdef JAXATTN_DECODE_TMA_ON
-  // The TMA loader (tma.on): thread 0 loads tile t into stage t % kStages with two
+  // The TMA loader (kTma): thread 0 loads tile t into stage t % kStages with two
   // boxes (K, V: kBlockN rows x H, 128B-swizzled 64-column chunks) completing on
   // full[stage]; every thread waits there instead of cp.async.wait_group. Rows past
   // a page's or the cache's end read as zero; rows of the tile outside the chunk's
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   auto tma_v_addr = [&](uint32_t st, int jp) {
     return st + L::kTmaTileBytes + (jp / 4) * L::kTmaChunkBytes + v_sw + ((((jp % 4) * 2) ^ y_v) << 4);
   };
-  if (tma.on && tid == 0) {
+  if (kTma && tid == 0) {
     hptx::prefetch_tmap(&tma.k);
     hptx::prefetch_tmap(&tma.v);
     for (int s = 0; s < kStages - 1 && s < num_tiles; ++s) tma_issue(s);
@@ -461,7 +461,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   const bool refill = plan.refill;
   const int ahead = refill ? kStages : kStages - 1;
 #ifdef JAXATTN_DECODE_TMA_ON
-  if (!tma.on)
+  if (!kTma)
 #endif
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
@@ -484,7 +484,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   }
   for (int tile = 0; tile < num_tiles; ++tile) {
 #ifdef JAXATTN_DECODE_TMA_ON
-    if (tma.on) {
+    if (kTma) {
       const int stage = tile % kStages, jt = j_begin + tile * kBlockN;
       hptx::mbar_wait(full_bar + 8 * stage, (tile / kStages) & 1);
       if (jt < lo_keys || jt + kBlockN > j_end) {  // zero the V rows of keys outside [lo, j_end)
@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       ptx::cp_async_commit();
     }
 #ifdef JAXATTN_DECODE_TMA_ON
-    if (!tma.on)
+    if (!kTma)
 #endif
     if (prefetch > 0 && tile + ahead + prefetch < num_tiles) prefetch_tile(tile + ahead + prefetch);
 #ifdef JAXATTN_DECODE_TIMELINE
@@ -547,7 +547,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     sm80::clear(s_acc);
 #ifdef JAXATTN_DECODE_TMA_ON
     const uint32_t tma_stage = ring_base + (tile % kStages) * L::kTmaStageBytes;
-    if (tma.on) {
+    if (kTma) {
 #pragma unroll
       for (int kk = 0; kk < H / 16; ++kk) {
         uint32_t a[4], kb[4];
@@ -571,7 +571,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
 #pragma unroll
       for (int jp = 0; jp < H / 16; ++jp) {
 #ifdef JAXATTN_DECODE_TMA_ON
-        if (tma.on) {
+        if (kTma) {
           ptx::ldmatrix_x4_trans(v_frag[jp], tma_v_addr(tma_stage, jp));
           continue;
         }
@@ -626,7 +626,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       }
     } else {
 #ifdef JAXATTN_DECODE_TMA_ON
-      if (tma.on) {
+      if (kTma) {
 #pragma unroll
         for (int jp = 0; jp < H / 16; ++jp) {
           uint32_t vb[4];
@@ -642,7 +642,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     (void)stage_off;
 #endif
 #ifdef JAXATTN_DECODE_TMA_ON
-    if (!tma.on)
+    if (!kTma)
 #endif
     if (refill) {
       __syncthreads();  // every warp is done with this stage: refill it now
