@@ -236,7 +236,7 @@ def test_cuda_kernels(monkeypatch, impl, chunk, H, layout):
 # session-3 loader, hoisted lookups, kV2Short, kV2Short with the lean loader,
 # with PDL, the default.
 V2_VARIANTS = {"old": 0, "hoist": 1, "short": 769, "short_lean": 769 | 4096, "short_pdl": 769 | 2048,
-               "default": -1, "default_tma": 769 | 4096 | 2048 | 8192}
+               "default": -1}
 
 
 @gpu
@@ -254,14 +254,13 @@ def test_cuda_v2_variants(monkeypatch, variant, layout):
         check("cuda_v2", *case, jnp.bfloat16)
         monkeypatch.setenv("JAXATTN_CUDA_DECODE_CHUNK", "128")
         check("cuda_v2", *case, jnp.bfloat16, local_window_size=100)
-        # A window whose chunks cover the span widened to a 64-key start (the TMA
-        # loader's windowed case in -DJAXATTN_EXP_DECODE_TMA builds).
+        # A window over three forced chunks, its first key inside a 64-key tile.
         check("cuda_v2", *case, jnp.bfloat16, local_window_size=300)
 
 
 @pytest.mark.parametrize("impl", CUDA)
 @pytest.mark.parametrize("knob, bad_values", [("JAXATTN_CUDA_DECODE_CHUNK", ("-1", "9000", "x")),
-                                              ("JAXATTN_CUDA_DECODE_VARIANT", ("-2", "16384", "x"))],
+                                              ("JAXATTN_CUDA_DECODE_VARIANT", ("-2", "8192", "x"))],
                          ids=["chunk", "variant"])
 def test_cuda_bad_knob(monkeypatch, impl, knob, bad_values):
     """The test knobs (forced chunk, loader variant) are checked at trace time."""

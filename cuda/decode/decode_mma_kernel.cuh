@@ -41,30 +41,10 @@
 #pragma once
 
 #include "common/ptx.h"
-#ifdef JAXATTN_EXP_DECODE_TMA
-#include <cuda.h>  // CUtensorMap (a header type)
-
-#include "common/hopper_ptx.h"
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define JAXATTN_DECODE_TMA_ON 1  // the TMA loader is compiled in (below)
-#endif
-#endif
 #include "decode/decode_common.cuh"
 #include "sm80/smem_tile.cuh"
 
 namespace jaxattn::cuda::decode {
-
-#ifdef JAXATTN_EXP_DECODE_TMA
-// Prepared, not yet run (-DJAXATTN_EXP_DECODE_TMA, session 18): tensor maps of the
-// K and V caches ([pages or B, rows, K, H] as make_tmap_bshd describes them: boxes of
-// kBlockN rows x H, 128B-swizzled 64-column chunks), read by decode_mma_kernel<.., kTma = true>.
-struct DecodeTma {
-  CUtensorMap k, v;
-};
-#define JAXATTN_DECODE_TMA_PARAM , const __grid_constant__ DecodeTma tma
-#else
-#define JAXATTN_DECODE_TMA_PARAM
-#endif
 
 // Tile shape and ring depth per head dim: >= 2 CTAs per SM where shared
 // memory allows, ~64 KB+ of loads in flight per SM.
@@ -76,7 +56,17 @@ struct MmaConfig<64> {
 };
 template <>
 struct MmaConfig<128> {
+#if defined(JAXATTN_EXP_DECODE_DEEP)
+  // Experiment (session 19): a deep ring, one CTA per SM (so one split at B=16 L=4K:
+  // no merge), kStages - 1 tiles in flight per CTA.
+  static constexpr int kBlockN = 64, kStages = JAXATTN_EXP_DECODE_DEEP;
+#elif defined(JAXATTN_EXP_DECODE_WIDE)
+  // Experiment (session 19): 128-key tiles, 8 warps, one CTA per SM (one split at
+  // B=16 L=4K: no merge), as many warps and bytes in flight per SM as 2 CTAs of 64.
+  static constexpr int kBlockN = 128, kStages = 3;
+#else
   static constexpr int kBlockN = 64, kStages = 3;
+#endif
 };
 template <>
 struct MmaConfig<256> {
@@ -98,16 +88,7 @@ struct MmaLayout {
   static_assert(kThreads % kChunksPerRow == 0 && kBlockN % kRowsPerPass == 0, "loader shape");
   // Shared memory: the K/V ring, or (after the loop) the warps' partial
   // results; then Q and the chunk's page ids.
-#ifdef JAXATTN_EXP_DECODE_TMA
-  // + slack: the ring starts at the first 1024-byte boundary (128B-swizzled TMA boxes).
-  static constexpr int kRingBytes = kStages * 2 * kTileElems * 2 + 1024;
-  static constexpr int kTmaChunkBytes = kBlockN * 128;        // one 64-column chunk of a K or V tile
-  static constexpr int kTmaTileBytes = kBlockN * H * 2;       // a K or V tile
-  static constexpr int kTmaStageBytes = 2 * kTmaTileBytes;
-  static_assert(kTmaStageBytes <= 2 * kTileElems * 2 && kTmaTileBytes % 1024 == 0, "TMA stage");
-#else
   static constexpr int kRingBytes = kStages * 2 * kTileElems * 2;
-#endif
   static constexpr int kMergeBytes = kWarps * kRows * (H + 4) * 4 + 2 * kWarps * kRows * 4 + kRows * 4;
   // plan.cluster: after the merge buffers, the CTA's normalised partial output
   // [kRows][H] and logsumexp [kRows] (read by the cluster's other CTAs), and
@@ -118,12 +99,7 @@ struct MmaLayout {
       kRingBytes > kPartOffset + kPartBytes ? kRingBytes : kPartOffset + kPartBytes;
   static constexpr int kQOffset = kFirstBytes;
   static constexpr int kPagesOffset = kQOffset + kRows * kPitch * 2;
-#ifdef JAXATTN_EXP_DECODE_TMA
-  static constexpr int kBarOffset = (kPagesOffset + kMaxChunkPages * 4 + 7) / 8 * 8;  // full[kStages]
-  static constexpr int kSmemBytes = kBarOffset + kStages * 8;
-#else
   static constexpr int kSmemBytes = kPagesOffset + kMaxChunkPages * 4;
-#endif
 };
 
 // Thread block cluster helpers (sm_90+; the host selects plan.cluster only
@@ -168,20 +144,14 @@ __device__ DecodeTimeline g_decode_timeline;
 #define JAXATTN_DECODE_MARK(i) ((void)0)
 #endif
 
-// kTma: the TMA tile loader (-DJAXATTN_EXP_DECODE_TMA builds, sm_90 code; its own
-// instance, so the cp.async loader's code is what it is without it).
-template <int H, bool kBf16, bool kTma = false>
+template <int H, bool kBf16>
 __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
-    decode_mma_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan JAXATTN_DECODE_TMA_PARAM) {
+    decode_mma_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan) {
   using L = MmaLayout<H>;
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   constexpr int kBlockN = L::kBlockN, kStages = L::kStages, kPitch = L::kPitch, kThreads = L::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
-#ifdef JAXATTN_EXP_DECODE_TMA
-  Elem* ring = reinterpret_cast<Elem*>(smem + (((ptx::smem_addr(smem) + 1023) & ~1023u) - ptx::smem_addr(smem)));
-#else
   Elem* ring = reinterpret_cast<Elem*>(smem);
-#endif
   Elem* q_s = reinterpret_cast<Elem*>(smem + L::kQOffset);
   int32_t* pages_s = reinterpret_cast<int32_t*>(smem + L::kPagesOffset);
 
@@ -207,12 +177,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   // This CTA's keys [j_begin, j_end).
   int lo, len;
   row_keys(p, b, &lo, &len);
-#ifdef JAXATTN_DECODE_TMA_ON
-  // TMA tiles start on 64-key boundaries (page-aligned): keys [lo / 64 * 64, lo) are
-  // read too and masked by the window (their V rows are zeroed, below).
-  const int lo_keys = lo;
-  if (kTma) lo = lo / 64 * 64;
-#endif
   int chunk = plan.chunk;
   if (plan.adaptive) {
     const int per = (len - lo + plan.splits - 1) / plan.splits;
@@ -244,11 +208,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     }
     *reinterpret_cast<uint4*>(q_s + r * kPitch + col) = v;
   }
-#ifdef JAXATTN_DECODE_TMA_ON
-  const uint32_t full_bar = ptx::smem_addr(smem + L::kBarOffset);  // full[s]: stage s's K and V landed
-  if (kTma && tid < kStages) hptx::mbar_init(full_bar + 8 * tid, 1);
-  if (kTma) hptx::mbar_init_fence();
-#endif
   __syncthreads();  // pages_s, q_s
   JAXATTN_DECODE_MARK(1);
 
@@ -279,7 +238,13 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   // next); key jt + r sits at in = off + r of page A, or in - ps of page B.
   // Per tile: one division and two shared-memory reads; per row: a compare
   // and a multiply-add. ka/va: page A's base, kb/vb: page B's base minus ps rows.
+#ifdef JAXATTN_EXP_DECODE_WIDE
+  // (A tile lies in two pages at most: pages of >= one tile, or of half a tile
+  // with this CTA's tiles starting on page boundaries.)
+  const bool hoist = paged && plan.hoist && (ps >= kBlockN || (2 * ps >= kBlockN && j_begin % ps == 0));
+#else
   const bool hoist = paged && plan.hoist && ps >= kBlockN;
+#endif
   auto tile_pages = [&](int jt, int& off, int64_t& ka, int64_t& va, int64_t& kb, int64_t& vb) {
     const int rel = jt / ps;
     off = jt - rel * ps;
@@ -418,51 +383,9 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   const uint32_t v_lane =
       ptx::smem_addr(ring) + (L::kTileElems + warp * 16 * kPitch) * 2 + sm80::lane_offset_a<kPitch>(lane);
 
-#ifdef JAXATTN_DECODE_TMA_ON
-  // The TMA loader (kTma): thread 0 loads tile t into stage t % kStages with two
-  // boxes (K, V: kBlockN rows x H, 128B-swizzled 64-column chunks) completing on
-  // full[stage]; every thread waits there instead of cp.async.wait_group. Rows past
-  // a page's or the cache's end read as zero; rows of the tile outside the chunk's
-  // keys [lo, j_end) hold other keys (or never-written cache rows), so their V rows
-  // are zeroed before use (P = 0 there, but 0 * NaN is not 0). The loop keeps its
-  // barrier per tile (every warp done with the stage thread 0 refills next).
-  const uint32_t ring_base = ptx::smem_addr(ring);
-  auto tma_issue = [&](int tile) {
-    const int stage = tile % kStages, jt = j_begin + tile * kBlockN;
-    int row = jt, batch = b;
-    if (paged) {
-      const int rel = jt / ps;
-      row = jt - rel * ps;
-      batch = pages_s[rel - page0];
-    }
-    const uint32_t dst = ring_base + stage * L::kTmaStageBytes, bar = full_bar + 8 * stage;
-    hptx::mbar_arrive_expect_tx(bar, L::kTmaStageBytes);
-    hptx::tma_load_5d(dst, &tma.k, bar, 0, row, 0, kh, batch);
-    hptx::tma_load_5d(dst + L::kTmaTileBytes, &tma.v, bar, 0, row, 0, kh, batch);
-  };
-  // Fragment addresses in a swizzled stage: lane rows of ldmatrix pattern B (K) and
-  // A (V); 16-byte unit u of row r of a chunk sits at unit u ^ (r % 8).
-  const uint32_t k_sw = (warp * 16 + (lane & 7) + (lane >> 4) * 8) * 128, y_k = (lane & 7) ^ ((lane >> 3) & 1);
-  const uint32_t v_sw = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * 128, y_v = (lane & 7) ^ (lane >> 4);
-  // This lane's ldmatrix address for k-step kk of K / column block jp of V in the stage at `st`.
-  auto tma_k_addr = [&](uint32_t st, int kk) {
-    return st + (kk / 4) * L::kTmaChunkBytes + k_sw + ((((kk % 4) * 2) ^ y_k) << 4);
-  };
-  auto tma_v_addr = [&](uint32_t st, int jp) {
-    return st + L::kTmaTileBytes + (jp / 4) * L::kTmaChunkBytes + v_sw + ((((jp % 4) * 2) ^ y_v) << 4);
-  };
-  if (kTma && tid == 0) {
-    hptx::prefetch_tmap(&tma.k);
-    hptx::prefetch_tmap(&tma.v);
-    for (int s = 0; s < kStages - 1 && s < num_tiles; ++s) tma_issue(s);
-  }
-#endif
   // Tiles in the ring before the loop: kStages - 1, or every stage (refill).
   const bool refill = plan.refill;
   const int ahead = refill ? kStages : kStages - 1;
-#ifdef JAXATTN_DECODE_TMA_ON
-  if (!kTma)
-#endif
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
     if (s < ahead) {
@@ -483,29 +406,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     }
   }
   for (int tile = 0; tile < num_tiles; ++tile) {
-#ifdef JAXATTN_DECODE_TMA_ON
-    if (kTma) {
-      const int stage = tile % kStages, jt = j_begin + tile * kBlockN;
-      hptx::mbar_wait(full_bar + 8 * stage, (tile / kStages) & 1);
-      if (jt < lo_keys || jt + kBlockN > j_end) {  // zero the V rows of keys outside [lo, j_end)
-        const uint32_t vt = ring_base + stage * L::kTmaStageBytes + L::kTmaTileBytes;
-        for (int i = tid; i < kBlockN * (H / 8); i += kThreads) {
-          const int r = i / (H / 8), u = i % (H / 8);
-          if (jt + r < lo_keys || jt + r >= j_end) {
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(vt + (u / 8) * L::kTmaChunkBytes +
-                                                                             r * 128 + (u % 8) * 16),
-                         "r"(0u)
-                         : "memory");
-          }
-        }
-      }
-      __syncthreads();  // tile `tile` is in (and zeroed); every warp is done with tile - 1
-      if (tid == 0 && tile + kStages - 1 < num_tiles) {
-        hptx::fence_proxy_async_smem();  // the warps' reads of that stage, before the async writes
-        tma_issue(tile + kStages - 1);
-      }
-    } else
-#endif
     if (refill) {
       ptx::cp_async_wait<kStages - 1>();  // groups: kStages before the loop + one per step
       __syncthreads();  // tile `tile` is in
@@ -530,9 +430,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       }
       ptx::cp_async_commit();
     }
-#ifdef JAXATTN_DECODE_TMA_ON
-    if (!kTma)
-#endif
     if (prefetch > 0 && tile + ahead + prefetch < num_tiles) prefetch_tile(tile + ahead + prefetch);
 #ifdef JAXATTN_DECODE_TIMELINE
     if (tile == 0) JAXATTN_DECODE_MARK(2);
@@ -545,19 +442,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
 
     float s_acc[1][2][4];
     sm80::clear(s_acc);
-#ifdef JAXATTN_DECODE_TMA_ON
-    const uint32_t tma_stage = ring_base + (tile % kStages) * L::kTmaStageBytes;
-    if (kTma) {
-#pragma unroll
-      for (int kk = 0; kk < H / 16; ++kk) {
-        uint32_t a[4], kb[4];
-        ptx::ldmatrix_x4(a, q_addr + kk * 16 * 2);
-        ptx::ldmatrix_x4(kb, tma_k_addr(tma_stage, kk));
-        ptx::mma_16816<Elem>(s_acc[0][0], a, kb[0], kb[1]);
-        ptx::mma_16816<Elem>(s_acc[0][1], a, kb[2], kb[3]);
-      }
-    } else
-#endif
     sm80::gemm_ss_abt<Elem, 1, 2, H, kPitch, kPitch>(s_acc, q_addr, k_lane + stage_off);
     // The V fragments of this tile are read before the softmax, so their shared-
     // memory latency hides under it (H <= 128: 32 registers; 157 at H=128). Left
@@ -569,15 +453,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     uint32_t v_frag[kEarlyV ? H / 16 : 1][4];
     if constexpr (kEarlyV) {
 #pragma unroll
-      for (int jp = 0; jp < H / 16; ++jp) {
-#ifdef JAXATTN_DECODE_TMA_ON
-        if (kTma) {
-          ptx::ldmatrix_x4_trans(v_frag[jp], tma_v_addr(tma_stage, jp));
-          continue;
-        }
-#endif
-        ptx::ldmatrix_x4_trans(v_frag[jp], v_lane + stage_off + jp * 16 * 2);
-      }
+      for (int jp = 0; jp < H / 16; ++jp) ptx::ldmatrix_x4_trans(v_frag[jp], v_lane + stage_off + jp * 16 * 2);
     }
 
     const int jw = j_begin + tile * kBlockN + warp * 16;
@@ -625,24 +501,10 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
         ptx::mma_16816<Elem>(o_acc[0][2 * jp + 1], p_frag[0][0], v_frag[jp][2], v_frag[jp][3]);
       }
     } else {
-#ifdef JAXATTN_DECODE_TMA_ON
-      if (kTma) {
-#pragma unroll
-        for (int jp = 0; jp < H / 16; ++jp) {
-          uint32_t vb[4];
-          ptx::ldmatrix_x4_trans(vb, tma_v_addr(tma_stage, jp));
-          ptx::mma_16816<Elem>(o_acc[0][2 * jp], p_frag[0][0], vb[0], vb[1]);
-          ptx::mma_16816<Elem>(o_acc[0][2 * jp + 1], p_frag[0][0], vb[2], vb[3]);
-        }
-      } else
-#endif
       sm80::gemm_rs_ab<Elem, 1, H / 8, 1, kPitch>(o_acc, p_frag, v_lane + stage_off);
     }
 #else
     (void)stage_off;
-#endif
-#ifdef JAXATTN_DECODE_TMA_ON
-    if (!kTma)
 #endif
     if (refill) {
       __syncthreads();  // every warp is done with this stage: refill it now

@@ -39,7 +39,7 @@ int decode_max_splits(int capacity, int forced_chunk = 0);
 // below kV2VariantEnd (tests and benchmarks: a same-run A/B through JAX).
 LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version = 1, int forced_chunk = 0,
                         int variant = -1);
-constexpr int kV2VariantEnd = 1 << 14;
+constexpr int kV2VariantEnd = 1 << 13;
 
 // Loader variants of version 2 (bits; decode_check measures them side by
 // side). kV2Hoist: a tile's page ids are read once per tile (two shared-memory
@@ -79,10 +79,6 @@ constexpr int kV2Pdl = 1 << 11;
 // before the wait, branch-free copies per row (contiguous caches and pages of
 // >= one tile; smaller pages keep the per-row lookups).
 constexpr int kV2Lean = 1 << 12;
-// kV2Tma: tiles loaded by TMA boxes (experiment builds with -DJAXATTN_EXP_DECODE_TMA
-// only, where it joins the default; sm_90, lean plans whose tiles never straddle a
-// page). Other builds ignore the bit.
-constexpr int kV2Tma = 1 << 13;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 // kV2Short: the short-context candidate for the default (H200 run 1 of the
@@ -108,11 +104,7 @@ constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl;
 // contiguous caches 10 points too); identity page tables ran as fast as shuffled
 // ones, so address translation was not the cost, the per-row lookups were.
 #ifndef JAXATTN_DECODE_V2_VARIANT
-#ifdef JAXATTN_EXP_DECODE_TMA
-#define JAXATTN_DECODE_V2_VARIANT (kV2Default | kV2Tma)
-#else
 #define JAXATTN_DECODE_V2_VARIANT kV2Default
-#endif
 #endif
 constexpr int kDecodeV2DefaultVariant = JAXATTN_DECODE_V2_VARIANT;
 

@@ -6,9 +6,6 @@
 
 #include "decode/decode_mma_kernel.cuh"
 #include "decode/launch_decode.h"
-#ifdef JAXATTN_EXP_DECODE_TMA
-#include "sm90/tma_descriptors.cuh"
-#endif
 
 namespace jaxattn::cuda {
 
@@ -25,7 +22,7 @@ constexpr int kRowsPerCta = decode::MmaLayout<64>::kRows;
 // ~110 KB per block: version 1 runs instead); the first call per device also
 // raises the kernel's dynamic shared-memory limit there. No synchronisation
 // (attribute and occupancy queries only).
-template <int H, bool kBf16, bool kTma = false>
+template <int H, bool kBf16>
 int resident_ctas(cudaError_t* err) {
   static std::atomic<int> cache[kMaxDevices];  // 0 = not set up yet
   int dev = 0;
@@ -40,7 +37,7 @@ int resident_ctas(cudaError_t* err) {
     cache[slot].store(-1, std::memory_order_release);
     return -1;
   }
-  auto kernel = decode::decode_mma_kernel<H, kBf16, kTma>;
+  auto kernel = decode::decode_mma_kernel<H, kBf16>;
   *err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes);
   if (*err != cudaSuccess) return 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, L::kThreads, L::kSmemBytes) != cudaSuccess || n < 1)
@@ -84,7 +81,7 @@ cudaLaunchConfig_t launch_config(dim3 grid, int splits, bool pdl, cudaStream_t s
 // (its PTX version: a build without sm_90 code JIT-compiles the sm_80 PTX,
 // which has no cluster code), and at least one such cluster resident at once.
 // Queried once per device and cluster size. Call after resident_ctas.
-template <int H, bool kBf16, bool kTma = false>
+template <int H, bool kBf16>
 bool cluster_ok(int splits) {
   if (splits < 2 || splits > decode::kMaxClusterSplits) return false;
   static std::atomic<int> cache[kMaxDevices][decode::kMaxClusterSplits + 1];  // 0 unknown, 1 yes, -1 no
@@ -93,7 +90,7 @@ bool cluster_ok(int splits) {
   const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
   const int known = cache[slot][splits].load(std::memory_order_acquire);
   if (known != 0) return known > 0;
-  auto kernel = decode::decode_mma_kernel<H, kBf16, kTma>;
+  auto kernel = decode::decode_mma_kernel<H, kBf16>;
   bool ok = false, failed = false;
   int major = 0, launch = 0;
   cudaFuncAttributes fa{};
@@ -115,7 +112,7 @@ bool cluster_ok(int splits) {
 // stream serialization (kV2Pdl): its code on this device was compiled for
 // sm_90+ (binary and PTX), where it waits for the previous grid itself
 // (griddepcontrol.wait; compiled out below sm_90). Queried once per device.
-template <int H, bool kBf16, bool kTma = false>
+template <int H, bool kBf16>
 bool pdl_ok() {
   static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 yes, -1 no
   int dev = 0;
@@ -126,7 +123,7 @@ bool pdl_ok() {
   cudaFuncAttributes fa{};
   int major = 0;
   bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
-            cudaFuncGetAttributes(&fa, decode::decode_mma_kernel<H, kBf16, kTma>) == cudaSuccess &&
+            cudaFuncGetAttributes(&fa, decode::decode_mma_kernel<H, kBf16>) == cudaSuccess &&
             fa.binaryVersion >= 90 && fa.ptxVersion >= 90;
   if (!ok) cudaGetLastError();
   cache[slot].store(ok ? 1 : -1, std::memory_order_release);
@@ -216,47 +213,15 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
     return {cudaErrorInvalidValue, "decode_fwd (workspace too small for the row capacity)"};
   if (p.batch > 65535 || p.num_heads_k > 65535) return {cudaErrorInvalidValue, "decode_fwd (grid too large)"};
   const dim3 grid(plan.splits * plan.row_blocks, p.num_heads_k, p.batch);
-  auto kernel = decode::decode_mma_kernel<H, kBf16>;
-#ifdef JAXATTN_EXP_DECODE_TMA
-  // The TMA loader (session 18; kV2Tma): sm_90 code, the lean plan, tiles that never
-  // straddle a page (contiguous, or pages and chunks multiples of 64 keys), strides a
-  // tensor map can take, and with a window a plan that covers the span widened by
-  // the kernel's rounding of its first key down to 64. Otherwise the cp.async loader runs.
-  decode::DecodeTma tma{};
-  {
-    const bool paged = p.block_table != nullptr;
-    const int nb = paged ? p.num_pages : p.batch, rows = paged ? p.page_size : p.seqlen_k;
-    // A tensor map of the K or V cache, when its strides allow one.
-    auto map = [&](CUtensorMap* m, const void* base, int64_t bs, int64_t rs, int64_t hs) {
-      return sm90::tmap_bshd_ok(base, nb, rows, p.num_heads_k, bs, rs, hs) &&
-             sm90::make_tmap_bshd(m, base, p.dtype, nb, rows, p.num_heads_k, H, bs, rs, hs, L::kBlockN, H / 64) ==
-                 cudaSuccess;
-    };
-    const bool covered =
-        p.window_left < 0 || int64_t(plan.splits) * plan.chunk >= std::min<int64_t>(p.seqlen_k, decode::key_span(p) + 63);
-    cudaError_t terr = cudaSuccess;
-    const bool on = (variant & kV2Tma) && plan.lean && covered &&
-                    (!paged || (p.page_size % 64 == 0 && plan.chunk % 64 == 0)) && pdl_ok<H, kBf16, true>() &&
-                    resident_ctas<H, kBf16, true>(&terr) >= per_sm && terr == cudaSuccess &&
-                    (!plan.cluster || cluster_ok<H, kBf16, true>(plan.splits)) &&
-                    map(&tma.k, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride) &&
-                    map(&tma.v, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-    if (on) kernel = decode::decode_mma_kernel<H, kBf16, true>;
-  }
-#define JAXATTN_DECODE_TMA_ARG , tma
-#else
-#define JAXATTN_DECODE_TMA_ARG
-#endif
   if (plan.cluster || plan.pdl) {
     cudaLaunchAttribute attrs[2];
     const cudaLaunchConfig_t cfg = launch_config<H>(grid, plan.cluster ? plan.splits : 1, plan.pdl, stream, attrs);
-    if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p, plan JAXATTN_DECODE_TMA_ARG); e != cudaSuccess)
+    if (cudaError_t e = cudaLaunchKernelEx(&cfg, decode::decode_mma_kernel<H, kBf16>, p, plan); e != cudaSuccess)
       return {e, plan.cluster ? "decode_mma_kernel (cluster launch)" : "decode_mma_kernel (programmatic launch)"};
   } else {
-    kernel<<<grid, L::kThreads, L::kSmemBytes, stream>>>(p, plan JAXATTN_DECODE_TMA_ARG);
+    decode::decode_mma_kernel<H, kBf16><<<grid, L::kThreads, L::kSmemBytes, stream>>>(p, plan);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {e, "decode_mma_kernel"};
   }
-#undef JAXATTN_DECODE_TMA_ARG
   if (plan.splits == 1 || plan.cluster) return {};  // (cluster: merged in the kernel)
   return decode::launch_combine(p, plan, stream);
 }

@@ -427,7 +427,6 @@ static void bench(double peak) {
   // paged code path).
   struct Col { const char* name; int variant; int layout; };
   const Col cols[] = {{"default", def, 0},
-                      {"default, cp.async loader", def & ~jc::kV2Tma, 0},
                       {"short + long chunks", jc::kV2ShortLong, 0},
                       {"short", jc::kV2Short, 0},
                       {"default identity", def, 2},
