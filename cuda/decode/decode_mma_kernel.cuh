@@ -56,17 +56,7 @@ struct MmaConfig<64> {
 };
 template <>
 struct MmaConfig<128> {
-#if defined(JAXATTN_EXP_DECODE_DEEP)
-  // Experiment (session 19): a deep ring, one CTA per SM (so one split at B=16 L=4K:
-  // no merge), kStages - 1 tiles in flight per CTA.
-  static constexpr int kBlockN = 64, kStages = JAXATTN_EXP_DECODE_DEEP;
-#elif defined(JAXATTN_EXP_DECODE_WIDE)
-  // Experiment (session 19): 128-key tiles, 8 warps, one CTA per SM (one split at
-  // B=16 L=4K: no merge), as many warps and bytes in flight per SM as 2 CTAs of 64.
-  static constexpr int kBlockN = 128, kStages = 3;
-#else
   static constexpr int kBlockN = 64, kStages = 3;
-#endif
 };
 template <>
 struct MmaConfig<256> {
@@ -238,13 +228,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   // next); key jt + r sits at in = off + r of page A, or in - ps of page B.
   // Per tile: one division and two shared-memory reads; per row: a compare
   // and a multiply-add. ka/va: page A's base, kb/vb: page B's base minus ps rows.
-#ifdef JAXATTN_EXP_DECODE_WIDE
-  // (A tile lies in two pages at most: pages of >= one tile, or of half a tile
-  // with this CTA's tiles starting on page boundaries.)
-  const bool hoist = paged && plan.hoist && (ps >= kBlockN || (2 * ps >= kBlockN && j_begin % ps == 0));
-#else
   const bool hoist = paged && plan.hoist && ps >= kBlockN;
-#endif
   auto tile_pages = [&](int jt, int& off, int64_t& ka, int64_t& va, int64_t& kb, int64_t& vb) {
     const int rel = jt / ps;
     off = jt - rel * ps;
