@@ -442,6 +442,16 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
 
     const int jw = j_begin + tile * kBlockN + warp * 16;
     float mx[2] = {-INFINITY, -INFINITY};
+#ifdef JAXATTN_EXP_DECODE_FASTMASK
+    // Prepared (session 19, not yet run): a warp whose 16 keys every one of its
+    // rows sees in full (inside the chunk, at or before each row's position,
+    // inside the window) tests only the row, not each key.
+    bool interior = jw + 16 <= j_end;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      interior = interior && (!row_ok[h] || (jw + 15 <= pos[h] && (wl < 0 || jw >= pos[h] - wl)));
+    interior = __all_sync(0xffffffffu, interior);
+#endif
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
@@ -449,12 +459,58 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
         const int h = e / 2, j = jw + n * 8 + 2 * t4 + (e & 1);
         float x = s_acc[0][n][e] * qk_scale;
         if (cap > 0.f) x = cap * kLog2e * tanhf(x * (kLn2 / cap));
+#ifdef JAXATTN_EXP_DECODE_FASTMASK
+        const bool ok = row_ok[h] && (interior || (j < j_end && j <= pos[h] && (wl < 0 || j >= pos[h] - wl)));
+#else
         const bool ok = row_ok[h] && j < j_end && j <= pos[h] && (wl < 0 || j >= pos[h] - wl);
+#endif
         x = ok ? x : -INFINITY;
         s_acc[0][n][e] = x;
         mx[h] = fmaxf(mx[h], x);
       }
     }
+#ifdef JAXATTN_EXP_DECODE_LAZY
+    // Prepared (session 19, not yet run): lazy rescaling. A row keeps its running
+    // max (so o and l need no rescale) unless this tile's max exceeds it by more
+    // than kLazyLog2 (then P <= 2^kLazyLog2 while it is kept: fine in f32 and in
+    // the 16-bit P); when any row of the warp must move, every row takes the exact
+    // update below. m, l and o stay consistent either way (o and l are relative to m).
+    constexpr float kLazyLog2 = 8.f;
+    float tile_max[2];
+    bool grow = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = ptx::quad_max(mx[h]);
+      grow = grow || tile_max[h] > m[h] + kLazyLog2;  // (m = -inf: any visible key grows it)
+    }
+    if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], tile_max[h]);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // rows with nothing visible yet
+        const float alpha = ptx::exp2_approx(m[h] - m_use);
+        m[h] = m_new;
+        l[h] *= alpha;
+#pragma unroll
+        for (int d = 0; d < H / 8; ++d) {
+          o_acc[0][d][2 * h] *= alpha;
+          o_acc[0][d][2 * h + 1] *= alpha;
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_use = m[h] == -INFINITY ? 0.f : m[h];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          s_acc[0][n][e] = ptx::exp2_approx(s_acc[0][n][e] - m_use);
+          l[h] += s_acc[0][n][e];
+        }
+      }
+    }
+#else
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_new = fmaxf(m[h], ptx::quad_max(mx[h]));
@@ -476,6 +532,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
         }
       }
     }
+#endif
     uint32_t p_frag[1][1][4];
     sm80::acc_to_a_frags<Elem, 1, 1>(s_acc, p_frag);
     if constexpr (kEarlyV) {
