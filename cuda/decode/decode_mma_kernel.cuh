@@ -41,44 +41,73 @@
 #pragma once
 
 #include "common/ptx.h"
+#ifdef JAXATTN_EXP_DECODE_DRIFT
+#include <cuda.h>  // CUtensorMap (a header type)
+
+#include "common/hopper_ptx.h"
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define JAXATTN_DECODE_DRIFT_ON 1  // the drift loop is compiled in (sm_90 code)
+#endif
+#endif
 #include "decode/decode_common.cuh"
 #include "sm80/smem_tile.cuh"
 
 namespace jaxattn::cuda::decode {
 
 // Tile shape and ring depth per head dim: >= 2 CTAs per SM where shared
-// memory allows, ~64 KB+ of loads in flight per SM.
+// memory allows, ~64 KB+ of loads in flight per SM. kGroups > 1: the drift
+// loop (below; -DJAXATTN_EXP_DECODE_DRIFT, H=128 only).
 template <int H>
 struct MmaConfig;
 template <>
 struct MmaConfig<64> {
-  static constexpr int kBlockN = 64, kStages = 4;
+  static constexpr int kBlockN = 64, kStages = 4, kGroups = 1;
 };
 template <>
 struct MmaConfig<128> {
-  static constexpr int kBlockN = 64, kStages = 3;
+#ifdef JAXATTN_EXP_DECODE_DRIFT
+  static constexpr int kBlockN = 64, kStages = 6, kGroups = 2;
+#else
+  static constexpr int kBlockN = 64, kStages = 3, kGroups = 1;
+#endif
 };
 template <>
 struct MmaConfig<256> {
-  static constexpr int kBlockN = 32, kStages = 3;
+  static constexpr int kBlockN = 32, kStages = 3, kGroups = 1;
 };
 
 template <int H>
 struct MmaLayout {
   static constexpr int kBlockN = MmaConfig<H>::kBlockN;
   static constexpr int kStages = MmaConfig<H>::kStages;
-  static constexpr int kWarps = kBlockN / 16;  // 16 keys per warp
-  static constexpr int kThreads = kWarps * 32;
+  // Prepared, not yet run (session 19, -DJAXATTN_EXP_DECODE_DRIFT): the drift loop.
+  // One CTA per SM; kGroups groups of kBlockN / 16 consumer warps take alternate
+  // tiles (group g: tiles g, g + kGroups, ...), each warp 16 keys of a tile, with no
+  // CTA-wide barrier in the loop: one producer warp loads each tile with two TMA
+  // boxes (128B-swizzled) onto a full mbarrier per stage and refills a stage once
+  // its group's warps have arrived on its empty mbarrier. Runs 4-5 found one CTA per
+  // SM compute-bound when its warps meet at a barrier every tile; here they drift.
+  static constexpr int kGroups = MmaConfig<H>::kGroups;
+  static constexpr bool kDrift = kGroups > 1;
+  static constexpr int kKeyWarps = kBlockN / 16;     // warps sharing a tile (16 keys each)
+  static constexpr int kWarps = kKeyWarps * kGroups;  // consumer warps
+  static constexpr int kThreads = kWarps * 32 + (kDrift ? 32 : 0);  // + the producer warp
+  static constexpr int kLoadThreads = kKeyWarps * 32;                // the cp.async loader's threads
   static constexpr int kRows = 16;       // query rows per CTA (one m16 tile)
   static constexpr int kPitch = H + 8;   // smem row pitch (elements): conflict-free ldmatrix
   static constexpr int kTileElems = kBlockN * kPitch;
   static constexpr int kChunksPerRow = H / 8;  // 16-byte copies per key row
-  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kRowsPerPass = kLoadThreads / kChunksPerRow;
   static constexpr int kPasses = kBlockN / kRowsPerPass;
-  static_assert(kThreads % kChunksPerRow == 0 && kBlockN % kRowsPerPass == 0, "loader shape");
+  static_assert(kLoadThreads % kChunksPerRow == 0 && kBlockN % kRowsPerPass == 0, "loader shape");
+  // The drift loop's stages: a K and a V tile of kBlockN rows x H, 64-column chunks
+  // of kBlockN rows x 128 bytes (128B-swizzled TMA boxes), 1024-byte aligned.
+  static constexpr int kTmaChunkBytes = kBlockN * 128;
+  static constexpr int kTmaTileBytes = kBlockN * H * 2;
+  static constexpr int kTmaStageBytes = 2 * kTmaTileBytes;
   // Shared memory: the K/V ring, or (after the loop) the warps' partial
-  // results; then Q and the chunk's page ids.
-  static constexpr int kRingBytes = kStages * 2 * kTileElems * 2;
+  // results; then Q and the chunk's page ids (and the drift loop's mbarriers).
+  static constexpr int kRingBytes = kDrift ? kStages * kTmaStageBytes + 1024 : kStages * 2 * kTileElems * 2;
   static constexpr int kMergeBytes = kWarps * kRows * (H + 4) * 4 + 2 * kWarps * kRows * 4 + kRows * 4;
   // plan.cluster: after the merge buffers, the CTA's normalised partial output
   // [kRows][H] and logsumexp [kRows] (read by the cluster's other CTAs), and
@@ -89,8 +118,20 @@ struct MmaLayout {
       kRingBytes > kPartOffset + kPartBytes ? kRingBytes : kPartOffset + kPartBytes;
   static constexpr int kQOffset = kFirstBytes;
   static constexpr int kPagesOffset = kQOffset + kRows * kPitch * 2;
-  static constexpr int kSmemBytes = kPagesOffset + kMaxChunkPages * 4;
+  static constexpr int kBarOffset = (kPagesOffset + kMaxChunkPages * 4 + 7) / 8 * 8;  // full[kStages], empty[kStages]
+  static constexpr int kSmemBytes = kDrift ? kBarOffset + 2 * kStages * 8 : kPagesOffset + kMaxChunkPages * 4;
 };
+
+#ifdef JAXATTN_EXP_DECODE_DRIFT
+// The drift loop's tensor maps of the K and V caches ([pages or B, rows, K, H] as
+// make_tmap_bshd describes them: boxes of kBlockN rows x H, 64-column chunks).
+struct DecodeTma {
+  CUtensorMap k, v;
+};
+#define JAXATTN_DECODE_TMA_PARAM , const __grid_constant__ DecodeTma tma
+#else
+#define JAXATTN_DECODE_TMA_PARAM
+#endif
 
 // Thread block cluster helpers (sm_90+; the host selects plan.cluster only
 // where the kernel was compiled for sm_90 or later).
@@ -136,12 +177,14 @@ __device__ DecodeTimeline g_decode_timeline;
 
 template <int H, bool kBf16>
 __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
-    decode_mma_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan) {
+    decode_mma_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan JAXATTN_DECODE_TMA_PARAM) {
   using L = MmaLayout<H>;
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   constexpr int kBlockN = L::kBlockN, kStages = L::kStages, kPitch = L::kPitch, kThreads = L::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
-  Elem* ring = reinterpret_cast<Elem*>(smem);
+  // (The drift loop's ring starts at the first 1024-byte boundary: swizzled TMA boxes.)
+  Elem* ring = reinterpret_cast<Elem*>(
+      L::kDrift ? smem + (((ptx::smem_addr(smem) + 1023) & ~1023u) - ptx::smem_addr(smem)) : smem);
   Elem* q_s = reinterpret_cast<Elem*>(smem + L::kQOffset);
   int32_t* pages_s = reinterpret_cast<int32_t*>(smem + L::kPagesOffset);
 
@@ -167,6 +210,10 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   // This CTA's keys [j_begin, j_end).
   int lo, len;
   row_keys(p, b, &lo, &len);
+  // The drift loop's TMA tiles start on 64-key boundaries (page-aligned): keys
+  // [lo / 64 * 64, lo) are read too, masked by the window (their V rows zeroed).
+  [[maybe_unused]] const int lo_keys = lo;
+  if constexpr (L::kDrift) lo = lo / 64 * 64;
   int chunk = plan.chunk;
   if (plan.adaptive) {
     const int per = (len - lo + plan.splits - 1) / plan.splits;
@@ -198,7 +245,17 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     }
     *reinterpret_cast<uint4*>(q_s + r * kPitch + col) = v;
   }
-  __syncthreads();  // pages_s, q_s
+  const uint32_t full_bar = ptx::smem_addr(smem + L::kBarOffset);  // drift: full[s], then empty[s]
+#ifdef JAXATTN_DECODE_DRIFT_ON
+  if constexpr (L::kDrift) {
+    if (tid < kStages) {
+      hptx::mbar_init(full_bar + 8 * tid, 1);                            // the producer's arrive + the bytes
+      hptx::mbar_init(full_bar + 8 * (kStages + tid), L::kKeyWarps);     // one arrive per warp of the group
+    }
+    hptx::mbar_init_fence();
+  }
+#endif
+  __syncthreads();  // pages_s, q_s (and the drift loop's mbarriers)
   JAXATTN_DECODE_MARK(1);
 
   // The loader: thread tid copies column chunk tid % kChunksPerRow of tile
@@ -367,6 +424,92 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   const uint32_t v_lane =
       ptx::smem_addr(ring) + (L::kTileElems + warp * 16 * kPitch) * 2 + sm80::lane_offset_a<kPitch>(lane);
 
+#ifdef JAXATTN_EXP_DECODE_DRIFT
+  if constexpr (L::kDrift) {
+#ifdef JAXATTN_DECODE_DRIFT_ON
+    // The drift loop (MmaLayout). Producer warp: lane 0 loads tile t into stage
+    // t % kStages (two 5D TMA boxes, K and V, onto full[stage]) once the group that
+    // used the stage for tile t - kStages has left it (empty[stage]). Consumer warp
+    // w: group w / kKeyWarps takes tiles group, group + kGroups, ...; the warp's 16
+    // keys are rows 16 (w % kKeyWarps) .. + 16 of each. Rows past a page's or the
+    // cache's end read as zero; rows of a tile outside [lo_keys, j_end) hold other
+    // keys (or never-written cache rows), so the warp zeroes their V rows first.
+    const uint32_t ring_base = ptx::smem_addr(ring), empty_bar = full_bar + 8 * kStages;
+    if (warp == L::kWarps) {
+      if (lane == 0 && num_tiles > 0) {
+        hptx::prefetch_tmap(&tma.k);
+        hptx::prefetch_tmap(&tma.v);
+        for (int tile = 0; tile < num_tiles; ++tile) {
+          const int stage = tile % kStages, jt = j_begin + tile * kBlockN;
+          if (tile >= kStages) hptx::mbar_wait(empty_bar + 8 * stage, ((tile / kStages) - 1) & 1);
+          int row = jt, batch = b;
+          if (paged) {
+            const int rel = jt / ps;
+            row = jt - rel * ps;
+            batch = pages_s[rel - page0];
+          }
+          const uint32_t dst = ring_base + stage * L::kTmaStageBytes, bar = full_bar + 8 * stage;
+          hptx::mbar_arrive_expect_tx(bar, L::kTmaStageBytes);
+          hptx::tma_load_5d(dst, &tma.k, bar, 0, row, 0, kh, batch);
+          hptx::tma_load_5d(dst + L::kTmaTileBytes, &tma.v, bar, 0, row, 0, kh, batch);
+        }
+      }
+    } else {
+      const int group = warp / L::kKeyWarps, kw = warp % L::kKeyWarps;
+      // This lane's ldmatrix rows in a swizzled stage (K: pattern B, V: pattern A);
+      // 16-byte unit u of row r of a 64-column chunk sits at unit u ^ (r % 8).
+      const uint32_t k_sw = (kw * 16 + (lane & 7) + (lane >> 4) * 8) * 128, y_k = (lane & 7) ^ ((lane >> 3) & 1);
+      const uint32_t v_sw = (kw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * 128, y_v = (lane & 7) ^ (lane >> 4);
+      for (int tile = group; tile < num_tiles; tile += L::kGroups) {
+        const int stage = tile % kStages;
+        const uint32_t st = ring_base + stage * L::kTmaStageBytes;
+        const int jw = j_begin + tile * kBlockN + kw * 16;
+        hptx::mbar_wait(full_bar + 8 * stage, (tile / kStages) & 1);
+        if (jw < lo_keys || jw + 16 > j_end) {  // whole rows: the swizzle only permutes units within a row
+          for (int i = lane; i < 16 * (H / 8); i += 32) {
+            const int r = i / (H / 8), u = i % (H / 8);
+            if (jw + r < lo_keys || jw + r >= j_end) {
+              asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(st + L::kTmaTileBytes +
+                                                                               (u / 8) * L::kTmaChunkBytes +
+                                                                               (kw * 16 + r) * 128 + (u % 8) * 16),
+                           "r"(0u)
+                           : "memory");
+            }
+          }
+          hptx::fence_proxy_async_smem();  // these writes, before the stage's next TMA writes
+          __syncwarp();
+        }
+        float s_acc[1][2][4];
+        sm80::clear(s_acc);
+#pragma unroll
+        for (int kk = 0; kk < H / 16; ++kk) {
+          uint32_t a[4], kb[4];
+          ptx::ldmatrix_x4(a, q_addr + kk * 16 * 2);
+          ptx::ldmatrix_x4(kb, st + (kk / 4) * L::kTmaChunkBytes + k_sw + ((((kk % 4) * 2) ^ y_k) << 4));
+          ptx::mma_16816<Elem>(s_acc[0][0], a, kb[0], kb[1]);
+          ptx::mma_16816<Elem>(s_acc[0][1], a, kb[2], kb[3]);
+        }
+        uint32_t v_frag[H / 16][4];
+#pragma unroll
+        for (int jp = 0; jp < H / 16; ++jp) {
+          ptx::ldmatrix_x4_trans(v_frag[jp], st + L::kTmaTileBytes + (jp / 4) * L::kTmaChunkBytes + v_sw +
+                                                 ((((jp % 4) * 2) ^ y_v) << 4));
+        }
+#include "decode/decode_softmax_tile.inc"
+#pragma unroll
+        for (int jp = 0; jp < H / 16; ++jp) {
+          ptx::mma_16816<Elem>(o_acc[0][2 * jp], p_frag[0][0], v_frag[jp][0], v_frag[jp][1]);
+          ptx::mma_16816<Elem>(o_acc[0][2 * jp + 1], p_frag[0][0], v_frag[jp][2], v_frag[jp][3]);
+        }
+        __syncwarp();  // every lane's reads of the stage are done (their results used above)
+        if (lane == 0) hptx::mbar_arrive(empty_bar + 8 * stage);
+      }
+    }
+#else
+    __trap();  // the drift layout runs only as sm_90 code (the launcher checks)
+#endif
+  } else {
+#endif
   // Tiles in the ring before the loop: kStages - 1, or every stage (refill).
   const bool refill = plan.refill;
   const int ahead = refill ? kStages : kStages - 1;
@@ -441,100 +584,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     }
 
     const int jw = j_begin + tile * kBlockN + warp * 16;
-    float mx[2] = {-INFINITY, -INFINITY};
-#ifdef JAXATTN_EXP_DECODE_FASTMASK
-    // Prepared (session 19, not yet run): a warp whose 16 keys every one of its
-    // rows sees in full (inside the chunk, at or before each row's position,
-    // inside the window) tests only the row, not each key.
-    bool interior = jw + 16 <= j_end;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      interior = interior && (!row_ok[h] || (jw + 15 <= pos[h] && (wl < 0 || jw >= pos[h] - wl)));
-    interior = __all_sync(0xffffffffu, interior);
-#endif
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2, j = jw + n * 8 + 2 * t4 + (e & 1);
-        float x = s_acc[0][n][e] * qk_scale;
-        if (cap > 0.f) x = cap * kLog2e * tanhf(x * (kLn2 / cap));
-#ifdef JAXATTN_EXP_DECODE_FASTMASK
-        const bool ok = row_ok[h] && (interior || (j < j_end && j <= pos[h] && (wl < 0 || j >= pos[h] - wl)));
-#else
-        const bool ok = row_ok[h] && j < j_end && j <= pos[h] && (wl < 0 || j >= pos[h] - wl);
-#endif
-        x = ok ? x : -INFINITY;
-        s_acc[0][n][e] = x;
-        mx[h] = fmaxf(mx[h], x);
-      }
-    }
-#ifdef JAXATTN_EXP_DECODE_LAZY
-    // Prepared (session 19, not yet run): lazy rescaling. A row keeps its running
-    // max (so o and l need no rescale) unless this tile's max exceeds it by more
-    // than kLazyLog2 (then P <= 2^kLazyLog2 while it is kept: fine in f32 and in
-    // the 16-bit P); when any row of the warp must move, every row takes the exact
-    // update below. m, l and o stay consistent either way (o and l are relative to m).
-    constexpr float kLazyLog2 = 8.f;
-    float tile_max[2];
-    bool grow = false;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = ptx::quad_max(mx[h]);
-      grow = grow || tile_max[h] > m[h] + kLazyLog2;  // (m = -inf: any visible key grows it)
-    }
-    if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m[h], tile_max[h]);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // rows with nothing visible yet
-        const float alpha = ptx::exp2_approx(m[h] - m_use);
-        m[h] = m_new;
-        l[h] *= alpha;
-#pragma unroll
-        for (int d = 0; d < H / 8; ++d) {
-          o_acc[0][d][2 * h] *= alpha;
-          o_acc[0][d][2 * h + 1] *= alpha;
-        }
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_use = m[h] == -INFINITY ? 0.f : m[h];
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s_acc[0][n][e] = ptx::exp2_approx(s_acc[0][n][e] - m_use);
-          l[h] += s_acc[0][n][e];
-        }
-      }
-    }
-#else
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m[h], ptx::quad_max(mx[h]));
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // rows with nothing visible yet
-      const float alpha = ptx::exp2_approx(m[h] - m_use);
-      m[h] = m_new;
-      l[h] *= alpha;
-#pragma unroll
-      for (int d = 0; d < H / 8; ++d) {
-        o_acc[0][d][2 * h] *= alpha;
-        o_acc[0][d][2 * h + 1] *= alpha;
-      }
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s_acc[0][n][e] = ptx::exp2_approx(s_acc[0][n][e] - m_use);
-          l[h] += s_acc[0][n][e];
-        }
-      }
-    }
-#endif
-    uint32_t p_frag[1][1][4];
-    sm80::acc_to_a_frags<Elem, 1, 1>(s_acc, p_frag);
+#include "decode/decode_softmax_tile.inc"
     if constexpr (kEarlyV) {
 #pragma unroll
       for (int jp = 0; jp < H / 16; ++jp) {
@@ -553,6 +603,9 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       ptx::cp_async_commit();
     }
   }
+#ifdef JAXATTN_EXP_DECODE_DRIFT
+  }
+#endif
   ptx::cp_async_wait<0>();
   __syncthreads();  // the ring is free: the merge buffers alias it
   JAXATTN_DECODE_MARK(4);
@@ -589,6 +642,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   for (int h = 0; h < 2; ++h) {
     const float lsum = ptx::quad_sum(l[h]);
     const int r = g + 8 * h;
+    if (L::kDrift && warp >= L::kWarps) break;  // (the drift loop's producer warp holds no rows)
     if (t4 == 0) {
       red_m[warp * L::kRows + r] = m[h];
       red_l[warp * L::kRows + r] = lsum;

@@ -6,6 +6,9 @@
 
 #include "decode/decode_mma_kernel.cuh"
 #include "decode/launch_decode.h"
+#ifdef JAXATTN_EXP_DECODE_DRIFT
+#include "sm90/tma_descriptors.cuh"
+#endif
 
 namespace jaxattn::cuda {
 
@@ -213,15 +216,43 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
     return {cudaErrorInvalidValue, "decode_fwd (workspace too small for the row capacity)"};
   if (p.batch > 65535 || p.num_heads_k > 65535) return {cudaErrorInvalidValue, "decode_fwd (grid too large)"};
   const dim3 grid(plan.splits * plan.row_blocks, p.num_heads_k, p.batch);
+#ifdef JAXATTN_EXP_DECODE_DRIFT
+  // The drift loop (H=128 in these builds; prepared, session 19): sm_90 code, tiles
+  // that never straddle a page (contiguous, or pages and chunks multiples of 64
+  // keys), strides a tensor map can take, and with a window chunks that cover the
+  // span widened by the kernel's rounding of its first key down to 64. Otherwise
+  // version 1 runs (this layout has no cp.async loader).
+  decode::DecodeTma tma{};
+  if constexpr (L::kDrift) {
+    const bool paged = p.block_table != nullptr;
+    const int nb = paged ? p.num_pages : p.batch, rows = paged ? p.page_size : p.seqlen_k;
+    auto map = [&](CUtensorMap* m, const void* base, int64_t bs, int64_t rs, int64_t hs) {
+      return sm90::tmap_bshd_ok(base, nb, rows, p.num_heads_k, bs, rs, hs) &&
+             sm90::make_tmap_bshd(m, base, p.dtype, nb, rows, p.num_heads_k, H, bs, rs, hs, L::kBlockN, H / 64) ==
+                 cudaSuccess;
+    };
+    const int64_t widened = std::min<int64_t>(p.seqlen_k, decode::key_span(p) + 63);
+    const bool covered = p.window_left < 0 || int64_t(plan.splits) * plan.chunk >= widened;
+    const bool ok = covered && pdl_ok<H, kBf16>() && (!paged || (p.page_size % 64 == 0 && plan.chunk % 64 == 0)) &&
+                    map(&tma.k, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride) &&
+                    map(&tma.v, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+    if (!ok) return decode_fwd_v1(p, stream, forced_chunk);
+  }
+#define JAXATTN_DECODE_TMA_ARG , tma
+#else
+#define JAXATTN_DECODE_TMA_ARG
+#endif
   if (plan.cluster || plan.pdl) {
     cudaLaunchAttribute attrs[2];
     const cudaLaunchConfig_t cfg = launch_config<H>(grid, plan.cluster ? plan.splits : 1, plan.pdl, stream, attrs);
-    if (cudaError_t e = cudaLaunchKernelEx(&cfg, decode::decode_mma_kernel<H, kBf16>, p, plan); e != cudaSuccess)
+    if (cudaError_t e = cudaLaunchKernelEx(&cfg, decode::decode_mma_kernel<H, kBf16>, p, plan JAXATTN_DECODE_TMA_ARG);
+        e != cudaSuccess)
       return {e, plan.cluster ? "decode_mma_kernel (cluster launch)" : "decode_mma_kernel (programmatic launch)"};
   } else {
-    decode::decode_mma_kernel<H, kBf16><<<grid, L::kThreads, L::kSmemBytes, stream>>>(p, plan);
+    decode::decode_mma_kernel<H, kBf16><<<grid, L::kThreads, L::kSmemBytes, stream>>>(p, plan JAXATTN_DECODE_TMA_ARG);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {e, "decode_mma_kernel"};
   }
+#undef JAXATTN_DECODE_TMA_ARG
   if (plan.splits == 1 || plan.cluster) return {};  // (cluster: merged in the kernel)
   return decode::launch_combine(p, plan, stream);
 }
