@@ -226,6 +226,7 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
   if constexpr (L::kDrift) {
     const bool paged = p.block_table != nullptr;
     const int nb = paged ? p.num_pages : p.batch, rows = paged ? p.page_size : p.seqlen_k;
+    // A tensor map of the K or V cache, when its strides allow one.
     auto map = [&](CUtensorMap* m, const void* base, int64_t bs, int64_t rs, int64_t hs) {
       return sm90::tmap_bshd_ok(base, nb, rows, p.num_heads_k, bs, rs, hs) &&
              sm90::make_tmap_bshd(m, base, p.dtype, nb, rows, p.num_heads_k, H, bs, rs, hs, L::kBlockN, H / 64) ==
