@@ -245,8 +245,8 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     }
     *reinterpret_cast<uint4*>(q_s + r * kPitch + col) = v;
   }
-  const uint32_t full_bar = ptx::smem_addr(smem + L::kBarOffset);  // drift: full[s], then empty[s]
 #ifdef JAXATTN_DECODE_DRIFT_ON
+  const uint32_t full_bar = ptx::smem_addr(smem + L::kBarOffset);  // the drift loop's full[s], then empty[s]
   if constexpr (L::kDrift) {
     if (tid < kStages) {
       hptx::mbar_init(full_bar + 8 * tid, 1);                            // the producer's arrive + the bytes
