@@ -63,6 +63,14 @@ def kernel_trace(step, steps=20):
     print(f"{'kernel':60s} {'count':>6s} {'dur us':>8s} {'gap us':>8s}")
     for name, (durs, gaps) in sorted(stats.items(), key=lambda kv: -len(kv[1][0])):
         print(f"{name:60s} {len(durs):6d} {med(durs):8.1f} {med(gaps):8.1f}")
+    # The launch details the profiler records with each kernel (grid, block,
+    # registers, shared memory where it gives them), once per kernel name.
+    seen = set()
+    for e in gpu:
+        if e["name"][:60] not in seen and e.get("args"):
+            seen.add(e["name"][:60])
+            details = {k: v for k, v in e["args"].items() if k not in ("correlation_id", "group_id")}
+            print(f"  {e['name'][:60]}: {str(details)[:300]}")
     mid = len(longest) // 2
     print("one stretch of the busiest stream (name, dur us, gap before us):")
     for prev, e in zip(longest[mid - 1:mid + 11], longest[mid:mid + 12]):

@@ -50,6 +50,13 @@
 #endif
 #endif
 #include "decode/decode_common.cuh"
+// Experiment (session 20, -DJAXATTN_EXP_DECODE_L2HINT=1|2|3): the tile loads'
+// L2 hints (1: 256-byte fetches, 2: evict-first, 3: both; see cp_async_16_hint).
+#ifdef JAXATTN_EXP_DECODE_L2HINT
+#define JAXATTN_DECODE_CP(dst, src, valid) ptx::cp_async_16_hint<JAXATTN_EXP_DECODE_L2HINT>(dst, src, valid)
+#else
+#define JAXATTN_DECODE_CP(dst, src, valid) ptx::cp_async_16(dst, src, valid)
+#endif
 #include "sm80/smem_tile.cuh"
 
 namespace jaxattn::cuda::decode {
@@ -348,8 +355,8 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       const Elem* ks = (in_a ? t.ka : t.kb) + int64_t(r) * p.k_row_stride;
       const Elem* vs = (in_a ? t.va : t.vb) + int64_t(r) * p.v_row_stride;
       const uint32_t off_s = k * L::kRowsPerPass * kPitch * 2;
-      ptx::cp_async_16(dst + off_s, valid ? ks : kbase, valid);
-      ptx::cp_async_16(dst + L::kTileElems * 2 + off_s, valid ? vs : vbase, valid);
+      JAXATTN_DECODE_CP(dst + off_s, valid ? ks : kbase, valid);
+      JAXATTN_DECODE_CP(dst + L::kTileElems * 2 + off_s, valid ? vs : vbase, valid);
     }
   };
   auto load_tile = [&](int tile) {
@@ -373,8 +380,8 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
         key_offsets(r, j, off, ka, va, kb, vb, ko, vo);
       }
       const uint32_t off_s = k * L::kRowsPerPass * kPitch * 2;
-      ptx::cp_async_16(dst + off_s, kbase + ko, valid);
-      ptx::cp_async_16(dst + L::kTileElems * 2 + off_s, vbase + vo, valid);
+      JAXATTN_DECODE_CP(dst + off_s, kbase + ko, valid);
+      JAXATTN_DECODE_CP(dst + L::kTileElems * 2 + off_s, vbase + vo, valid);
     }
   };
   // L2 prefetch of a tile (plan.prefetch > 0): every 128-byte line of its K
