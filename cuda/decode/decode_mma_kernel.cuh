@@ -73,7 +73,10 @@ struct MmaConfig<64> {
 template <>
 struct MmaConfig<128> {
 #ifdef JAXATTN_EXP_DECODE_DRIFT
-  static constexpr int kBlockN = 64, kStages = 6, kGroups = 2;
+#ifndef JAXATTN_EXP_DECODE_DRIFT_STAGES
+#define JAXATTN_EXP_DECODE_DRIFT_STAGES 6
+#endif
+  static constexpr int kBlockN = 64, kStages = JAXATTN_EXP_DECODE_DRIFT_STAGES, kGroups = 2;
 #else
   static constexpr int kBlockN = 64, kStages = 3, kGroups = 1;
 #endif
@@ -472,6 +475,11 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
         const uint32_t st = ring_base + stage * L::kTmaStageBytes;
         const int jw = j_begin + tile * kBlockN + kw * 16;
         hptx::mbar_wait(full_bar + 8 * stage, (tile / kStages) & 1);
+#ifdef JAXATTN_DECODE_TIMELINE
+        if (tile == 0) JAXATTN_DECODE_MARK(2);
+        if (tile / 2 == num_tiles / 4) JAXATTN_DECODE_MARK(3);
+#endif
+#ifndef JAXATTN_EXP_DECODE_NO_MATH  // (timing probe: the loop waits and releases, no math)
         if (jw < lo_keys || jw + 16 > j_end) {  // whole rows: the swizzle only permutes units within a row
           for (int i = lane; i < 16 * (H / 8); i += 32) {
             const int r = i / (H / 8), u = i % (H / 8);
@@ -508,6 +516,9 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
           ptx::mma_16816<Elem>(o_acc[0][2 * jp], p_frag[0][0], v_frag[jp][0], v_frag[jp][1]);
           ptx::mma_16816<Elem>(o_acc[0][2 * jp + 1], p_frag[0][0], v_frag[jp][2], v_frag[jp][3]);
         }
+#else
+        (void)jw;
+#endif
         __syncwarp();  // every lane's reads of the stage are done (their results used above)
         if (lane == 0) hptx::mbar_arrive(empty_bar + 8 * stage);
       }
