@@ -105,6 +105,7 @@ NB_MODULE(_jaxattn, m) {
   m.def("cuda_decode_max_splits",
         [](int capacity, int forced_chunk) { return jaxattn::cuda::decode_max_splits(capacity, forced_chunk); });
   m.attr("cuda_decode_max_forced_chunk") = jaxattn::cuda::kDecodeMaxForcedChunk;
+  m.attr("cuda_decode_variant_end") = jaxattn::cuda::kV2VariantEnd;  // version 2's loader bits lie below it
 #ifdef JAXATTN_DECODE_TIMELINE
   // Profiling builds only (CUDAFLAGS / CXXFLAGS -DJAXATTN_DECODE_TIMELINE;
   // scripts/decode_jax_probe.py --timeline): where decode_mma_kernel writes its

@@ -267,7 +267,7 @@ def _cuda_debug_options() -> tuple[int, bool, int]:
     (cuda/decode/launch_decode.h; -1 = the default; benchmarks' A/B)."""
     chunk = _env_int("JAXATTN_CUDA_DECODE_CHUNK", 0, range(0, _jaxattn.cuda_decode_max_forced_chunk + 1))
     poison = _env_int("JAXATTN_CUDA_DECODE_POISON", 0, range(0, 2)) == 1
-    variant = _env_int("JAXATTN_CUDA_DECODE_VARIANT", -1, range(-1, 1 << 13))
+    variant = _env_int("JAXATTN_CUDA_DECODE_VARIANT", -1, range(-1, _jaxattn.cuda_decode_variant_end))
     return chunk, poison, variant
 
 

@@ -234,9 +234,9 @@ def test_cuda_kernels(monkeypatch, impl, chunk, H, layout):
 
 # Version 2's loader variants (kV2* bits, cuda/decode/launch_decode.h): the
 # session-3 loader, hoisted lookups, kV2Short, kV2Short with the lean loader,
-# with PDL, the default.
+# with PDL, the default without the drift loop (the cp.async loop at H=128), the default.
 V2_VARIANTS = {"old": 0, "hoist": 1, "short": 769, "short_lean": 769 | 4096, "short_pdl": 769 | 2048,
-               "default": -1}
+               "default_cpasync": 769 | 4096 | 2048, "default": -1}
 
 
 @gpu
@@ -260,7 +260,7 @@ def test_cuda_v2_variants(monkeypatch, variant, layout):
 
 @pytest.mark.parametrize("impl", CUDA)
 @pytest.mark.parametrize("knob, bad_values", [("JAXATTN_CUDA_DECODE_CHUNK", ("-1", "9000", "x")),
-                                              ("JAXATTN_CUDA_DECODE_VARIANT", ("-2", "8192", "x"))],
+                                              ("JAXATTN_CUDA_DECODE_VARIANT", ("-2", "16384", "x"))],
                          ids=["chunk", "variant"])
 def test_cuda_bad_knob(monkeypatch, impl, knob, bad_values):
     """The test knobs (forced chunk, loader variant) are checked at trace time."""

@@ -40,14 +40,12 @@
 // after tile t has landed).
 #pragma once
 
-#include "common/ptx.h"
-#ifdef JAXATTN_EXP_DECODE_DRIFT
 #include <cuda.h>  // CUtensorMap (a header type)
 
 #include "common/hopper_ptx.h"
+#include "common/ptx.h"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define JAXATTN_DECODE_DRIFT_ON 1  // the drift loop is compiled in (sm_90 code)
-#endif
 #endif
 #include "decode/decode_common.cuh"
 // Experiment (session 20, -DJAXATTN_EXP_DECODE_L2HINT=1|2|3): the tile loads'
@@ -62,9 +60,9 @@
 namespace jaxattn::cuda::decode {
 
 // Tile shape and ring depth per head dim: >= 2 CTAs per SM where shared
-// memory allows, ~64 KB+ of loads in flight per SM. kGroups > 1: the drift
-// loop (below; -DJAXATTN_EXP_DECODE_DRIFT, H=128 only).
-template <int H>
+// memory allows, ~64 KB+ of loads in flight per SM. kDriftLoop: the drift
+// loop's layout (below; H=128 only), kGroups > 1.
+template <int H, bool kDriftLoop = false>
 struct MmaConfig;
 template <>
 struct MmaConfig<64> {
@@ -72,33 +70,41 @@ struct MmaConfig<64> {
 };
 template <>
 struct MmaConfig<128> {
-#ifdef JAXATTN_EXP_DECODE_DRIFT
-#ifndef JAXATTN_EXP_DECODE_DRIFT_STAGES
-#define JAXATTN_EXP_DECODE_DRIFT_STAGES 6
-#endif
-  static constexpr int kBlockN = 64, kStages = JAXATTN_EXP_DECODE_DRIFT_STAGES, kGroups = 2;
-#else
   static constexpr int kBlockN = 64, kStages = 3, kGroups = 1;
+};
+// The drift loop's ring: 4 stages of 32 KB (H200, session 20 runs 1-4: 6 stages read
+// 87 / 89 / 84% at B=64 L=4K / B=16 L=16K / B=16 L=4K, 4 stages 89 / 89 / 83-84, 2
+// stages 81 / 82 / 77). JAXATTN_EXP_DECODE_DRIFT_STAGES overrides (a multiple of 2).
+#ifndef JAXATTN_EXP_DECODE_DRIFT_STAGES
+#define JAXATTN_EXP_DECODE_DRIFT_STAGES 4
 #endif
+template <>
+struct MmaConfig<128, true> {
+  static constexpr int kBlockN = 64, kStages = JAXATTN_EXP_DECODE_DRIFT_STAGES, kGroups = 2;
 };
 template <>
 struct MmaConfig<256> {
   static constexpr int kBlockN = 32, kStages = 3, kGroups = 1;
 };
 
-template <int H>
+template <int H, bool kDriftLoop = false>
 struct MmaLayout {
-  static constexpr int kBlockN = MmaConfig<H>::kBlockN;
-  static constexpr int kStages = MmaConfig<H>::kStages;
-  // Prepared, not yet run (session 19, -DJAXATTN_EXP_DECODE_DRIFT): the drift loop.
-  // One CTA per SM; kGroups groups of kBlockN / 16 consumer warps take alternate
+  using Config = MmaConfig<H, kDriftLoop>;
+  static constexpr int kBlockN = Config::kBlockN;
+  static constexpr int kStages = Config::kStages;
+  // The drift loop (kDriftLoop; H=128, sm_90; the short rows' default since session
+  // 20): one CTA per SM; kGroups groups of kBlockN / 16 consumer warps take alternate
   // tiles (group g: tiles g, g + kGroups, ...), each warp 16 keys of a tile, with no
   // CTA-wide barrier in the loop: one producer warp loads each tile with two TMA
   // boxes (128B-swizzled) onto a full mbarrier per stage and refills a stage once
-  // its group's warps have arrived on its empty mbarrier. Runs 4-5 found one CTA per
-  // SM compute-bound when its warps meet at a barrier every tile; here they drift.
-  static constexpr int kGroups = MmaConfig<H>::kGroups;
+  // its group's warps have arrived on its empty mbarrier. One CTA per SM whose warps
+  // meet at a barrier every tile is compute-bound (session 19 runs 4-5: 56-73%);
+  // here the two groups drift apart, as two CTAs per SM do.
+  static constexpr int kGroups = Config::kGroups;
   static constexpr bool kDrift = kGroups > 1;
+  // Each group must see its own stages in order (stage = tile % kStages): with an
+  // odd ring, a group could pass a stage's parity wait one phase early.
+  static_assert(kStages % kGroups == 0, "drift ring depth: a multiple of the groups");
   static constexpr int kKeyWarps = kBlockN / 16;     // warps sharing a tile (16 keys each)
   static constexpr int kWarps = kKeyWarps * kGroups;  // consumer warps
   static constexpr int kThreads = kWarps * 32 + (kDrift ? 32 : 0);  // + the producer warp
@@ -129,19 +135,19 @@ struct MmaLayout {
   static constexpr int kQOffset = kFirstBytes;
   static constexpr int kPagesOffset = kQOffset + kRows * kPitch * 2;
   static constexpr int kBarOffset = (kPagesOffset + kMaxChunkPages * 4 + 7) / 8 * 8;  // full[kStages], empty[kStages]
-  static constexpr int kSmemBytes = kDrift ? kBarOffset + 2 * kStages * 8 : kPagesOffset + kMaxChunkPages * 4;
+#ifndef JAXATTN_EXP_DECODE_DRIFT_PAD  // (experiment: unused shared memory, to hold one CTA per SM)
+#define JAXATTN_EXP_DECODE_DRIFT_PAD 0
+#endif
+  static constexpr int kSmemBytes =
+      kDrift ? kBarOffset + 2 * kStages * 8 + JAXATTN_EXP_DECODE_DRIFT_PAD : kPagesOffset + kMaxChunkPages * 4;
 };
 
-#ifdef JAXATTN_EXP_DECODE_DRIFT
 // The drift loop's tensor maps of the K and V caches ([pages or B, rows, K, H] as
-// make_tmap_bshd describes them: boxes of kBlockN rows x H, 64-column chunks).
+// make_tmap_bshd describes them: boxes of kBlockN rows x H, 64-column chunks);
+// unused by the cp.async loop.
 struct DecodeTma {
   CUtensorMap k, v;
 };
-#define JAXATTN_DECODE_TMA_PARAM , const __grid_constant__ DecodeTma tma
-#else
-#define JAXATTN_DECODE_TMA_PARAM
-#endif
 
 // Thread block cluster helpers (sm_90+; the host selects plan.cluster only
 // where the kernel was compiled for sm_90 or later).
@@ -185,10 +191,11 @@ __device__ DecodeTimeline g_decode_timeline;
 #define JAXATTN_DECODE_MARK(i) ((void)0)
 #endif
 
-template <int H, bool kBf16>
-__global__ void __launch_bounds__(MmaLayout<H>::kThreads)
-    decode_mma_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan JAXATTN_DECODE_TMA_PARAM) {
-  using L = MmaLayout<H>;
+template <int H, bool kBf16, bool kDriftLoop = false>
+__global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
+    decode_mma_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan,
+                      const __grid_constant__ DecodeTma tma) {
+  using L = MmaLayout<H, kDriftLoop>;
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   constexpr int kBlockN = L::kBlockN, kStages = L::kStages, kPitch = L::kPitch, kThreads = L::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -434,7 +441,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
   const uint32_t v_lane =
       ptx::smem_addr(ring) + (L::kTileElems + warp * 16 * kPitch) * 2 + sm80::lane_offset_a<kPitch>(lane);
 
-#ifdef JAXATTN_EXP_DECODE_DRIFT
   if constexpr (L::kDrift) {
 #ifdef JAXATTN_DECODE_DRIFT_ON
     // The drift loop (MmaLayout). Producer warp: lane 0 loads tile t into stage
@@ -527,7 +533,6 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
     __trap();  // the drift layout runs only as sm_90 code (the launcher checks)
 #endif
   } else {
-#endif
   // Tiles in the ring before the loop: kStages - 1, or every stage (refill).
   const bool refill = plan.refill;
   const int ahead = refill ? kStages : kStages - 1;
@@ -621,9 +626,7 @@ __global__ void __launch_bounds__(MmaLayout<H>::kThreads)
       ptx::cp_async_commit();
     }
   }
-#ifdef JAXATTN_EXP_DECODE_DRIFT
   }
-#endif
   ptx::cp_async_wait<0>();
   __syncthreads();  // the ring is free: the merge buffers alias it
   JAXATTN_DECODE_MARK(4);

@@ -39,7 +39,7 @@ int decode_max_splits(int capacity, int forced_chunk = 0);
 // below kV2VariantEnd (tests and benchmarks: a same-run A/B through JAX).
 LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version = 1, int forced_chunk = 0,
                         int variant = -1);
-constexpr int kV2VariantEnd = 1 << 13;
+constexpr int kV2VariantEnd = 1 << 14;
 
 // Loader variants of version 2 (bits; decode_check measures them side by
 // side). kV2Hoist: a tile's page ids are read once per tile (two shared-memory
@@ -79,6 +79,13 @@ constexpr int kV2Pdl = 1 << 11;
 // before the wait, branch-free copies per row (contiguous caches and pages of
 // >= one tile; smaller pages keep the per-row lookups).
 constexpr int kV2Lean = 1 << 12;
+// kV2Drift (H=128, sm_90, session 20): the drift loop (decode_mma_kernel.cuh,
+// MmaLayout<128, true>: one CTA per SM, two groups of warps on alternate tiles fed
+// by TMA, no per-tile CTA barrier) wherever it can run (launch_decode_v2.cu,
+// drift_plan); elsewhere the cp.async loop. H200, checker, paged page 64, against
+// the cp.async loop in the same run: B=16 L=4K 80 -> 83-84%, B=16 L=16K 89 -> 89%,
+// B=64 L=4K 89 -> 89% of the read bandwidth (perf.md, session 20).
+constexpr int kV2Drift = 1 << 13;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 // kV2Short: the short-context candidate for the default (H200 run 1 of the
@@ -96,7 +103,7 @@ constexpr int kV2ShortLong = kV2Short | kV2LongChunks;
 // 81 -> 87%). Since session 17 the kernel reads each tile's V fragments before the
 // softmax (what ptxas had done only in the timeline build): the default reads 90 / 89
 // / 80% at B=64 L=4K / B=16 L=16K / B=16 L=4K in the checker (perf.md, session 17).
-constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl;
+constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl | kV2Drift;
 // Before: kV2Short (session 6; before it kV2Hoist, hoisted
 // page lookups alone: -DJAXATTN_DECODE_V2_VARIANT=kV2Hoist builds that). H200, session 4
 // (scripts/decode_standalone.sh, page 64, shuffled pages, B=64 L=16K): old 58%,

@@ -6,9 +6,7 @@
 
 #include "decode/decode_mma_kernel.cuh"
 #include "decode/launch_decode.h"
-#ifdef JAXATTN_EXP_DECODE_DRIFT
 #include "sm90/tma_descriptors.cuh"
-#endif
 
 namespace jaxattn::cuda {
 
@@ -20,12 +18,12 @@ namespace {
 constexpr int kMaxDevices = 64;
 constexpr int kRowsPerCta = decode::MmaLayout<64>::kRows;
 
-// CTAs of decode_mma_kernel<H, kBf16> resident per SM on the current device,
+// CTAs of decode_mma_kernel<H, kBf16, kD> resident per SM on the current device,
 // or -1 when a CTA's shared memory does not fit there (GPUs with less than
 // ~110 KB per block: version 1 runs instead); the first call per device also
 // raises the kernel's dynamic shared-memory limit there. No synchronisation
 // (attribute and occupancy queries only).
-template <int H, bool kBf16>
+template <int H, bool kBf16, bool kD = false>
 int resident_ctas(cudaError_t* err) {
   static std::atomic<int> cache[kMaxDevices];  // 0 = not set up yet
   int dev = 0;
@@ -33,14 +31,14 @@ int resident_ctas(cudaError_t* err) {
   const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
   int n = cache[slot].load(std::memory_order_acquire);
   if (n != 0) return n;
-  using L = decode::MmaLayout<H>;
+  using L = decode::MmaLayout<H, kD>;
   int optin = 0;
   if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
       optin < L::kSmemBytes) {
     cache[slot].store(-1, std::memory_order_release);
     return -1;
   }
-  auto kernel = decode::decode_mma_kernel<H, kBf16>;
+  auto kernel = decode::decode_mma_kernel<H, kBf16, kD>;
   *err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes);
   if (*err != cudaSuccess) return 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, L::kThreads, L::kSmemBytes) != cudaSuccess || n < 1)
@@ -49,12 +47,12 @@ int resident_ctas(cudaError_t* err) {
   return n;
 }
 
-// The launch configuration of decode_mma_kernel<H, *> on `grid`: in clusters of
+// The launch configuration of decode_mma_kernel<H, *, kD> on `grid`: in clusters of
 // `splits` CTAs along x when splits > 1, with programmatic stream serialization
 // when pdl (`attrs` holds the attributes the config points to).
-template <int H>
+template <int H, bool kD = false>
 cudaLaunchConfig_t launch_config(dim3 grid, int splits, bool pdl, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
-  using L = decode::MmaLayout<H>;
+  using L = decode::MmaLayout<H, kD>;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(L::kThreads, 1, 1);
@@ -78,13 +76,13 @@ cudaLaunchConfig_t launch_config(dim3 grid, int splits, bool pdl, cudaStream_t s
   return cfg;
 }
 
-// Whether decode_mma_kernel<H, kBf16> can merge its chunks in a thread block
+// Whether decode_mma_kernel<H, kBf16, kD> can merge its chunks in a thread block
 // cluster of `splits` CTAs on the current device (kV2Cluster): a device of
 // compute capability 9+ with cluster launch, a kernel compiled for sm_90+
 // (its PTX version: a build without sm_90 code JIT-compiles the sm_80 PTX,
 // which has no cluster code), and at least one such cluster resident at once.
 // Queried once per device and cluster size. Call after resident_ctas.
-template <int H, bool kBf16>
+template <int H, bool kBf16, bool kD = false>
 bool cluster_ok(int splits) {
   if (splits < 2 || splits > decode::kMaxClusterSplits) return false;
   static std::atomic<int> cache[kMaxDevices][decode::kMaxClusterSplits + 1];  // 0 unknown, 1 yes, -1 no
@@ -93,7 +91,7 @@ bool cluster_ok(int splits) {
   const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
   const int known = cache[slot][splits].load(std::memory_order_acquire);
   if (known != 0) return known > 0;
-  auto kernel = decode::decode_mma_kernel<H, kBf16>;
+  auto kernel = decode::decode_mma_kernel<H, kBf16, kD>;
   bool ok = false, failed = false;
   int major = 0, launch = 0;
   cudaFuncAttributes fa{};
@@ -102,7 +100,7 @@ bool cluster_ok(int splits) {
       good(cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, dev)) && launch &&
       good(cudaFuncGetAttributes(&fa, kernel)) && fa.ptxVersion >= 90) {
     cudaLaunchAttribute attrs[2];
-    const cudaLaunchConfig_t cfg = launch_config<H>(dim3(splits, 1, 1), splits, false, nullptr, attrs);
+    const cudaLaunchConfig_t cfg = launch_config<H, kD>(dim3(splits, 1, 1), splits, false, nullptr, attrs);
     int clusters = 0;
     ok = good(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg)) && clusters > 0;
   }
@@ -111,11 +109,11 @@ bool cluster_ok(int splits) {
   return ok;
 }
 
-// Whether decode_mma_kernel<H, kBf16> may be launched with programmatic
+// Whether decode_mma_kernel<H, kBf16, kD> may be launched with programmatic
 // stream serialization (kV2Pdl): its code on this device was compiled for
 // sm_90+ (binary and PTX), where it waits for the previous grid itself
 // (griddepcontrol.wait; compiled out below sm_90). Queried once per device.
-template <int H, bool kBf16>
+template <int H, bool kBf16, bool kD = false>
 bool pdl_ok() {
   static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 yes, -1 no
   int dev = 0;
@@ -126,7 +124,7 @@ bool pdl_ok() {
   cudaFuncAttributes fa{};
   int major = 0;
   bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
-            cudaFuncGetAttributes(&fa, decode::decode_mma_kernel<H, kBf16>) == cudaSuccess &&
+            cudaFuncGetAttributes(&fa, decode::decode_mma_kernel<H, kBf16, kD>) == cudaSuccess &&
             fa.binaryVersion >= 90 && fa.ptxVersion >= 90;
   if (!ok) cudaGetLastError();
   cache[slot].store(ok ? 1 : -1, std::memory_order_release);
@@ -202,60 +200,92 @@ DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant
   return finish(plan);
 }
 
+// The drift loop's plan and tensor maps for `p` (H=128, kV2Drift), or false when
+// it cannot run this call: no sm_90 code on this device (pdl_ok's test), a tile
+// that would straddle a page (pages or chunks not multiples of 64 keys), strides no
+// tensor map takes, or a window whose span, widened by the kernel's rounding of its
+// first key down to 64, the chunks do not cover. *err: a failed set-up query.
 template <int H, bool kBf16>
-LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, int variant) {
-  using L = decode::MmaLayout<H>;
-  cudaError_t err = cudaSuccess;
-  const int per_sm = resident_ctas<H, kBf16>(&err);
-  if (err != cudaSuccess) return {err, "decode_mma_kernel (shared-memory attribute)"};
-  if (per_sm < 0) return decode_fwd_v1(p, stream, forced_chunk);  // too little shared memory here
-  DecodePlan plan = plan_v2(p, decode::device_sms() * per_sm, forced_chunk, variant,
-                            [](int s) { return cluster_ok<H, kBf16>(s); });
-  plan.pdl = (variant & kV2Pdl) != 0 && pdl_ok<H, kBf16>();
-  if (plan.splits > std::max(p.num_splits, 1) || (plan.splits > 1 && p.split_o == nullptr))
-    return {cudaErrorInvalidValue, "decode_fwd (workspace too small for the row capacity)"};
-  if (p.batch > 65535 || p.num_heads_k > 65535) return {cudaErrorInvalidValue, "decode_fwd (grid too large)"};
-  const dim3 grid(plan.splits * plan.row_blocks, p.num_heads_k, p.batch);
-#ifdef JAXATTN_EXP_DECODE_DRIFT
-  // The drift loop (H=128 in these builds; prepared, session 19): sm_90 code, tiles
-  // that never straddle a page (contiguous, or pages and chunks multiples of 64
-  // keys), strides a tensor map can take, and with a window chunks that cover the
-  // span widened by the kernel's rounding of its first key down to 64. Otherwise
-  // version 1 runs (this layout has no cp.async loader).
-  decode::DecodeTma tma{};
-  if constexpr (L::kDrift) {
+bool drift_plan(const AttnParams& p, int forced_chunk, int variant, DecodePlan* plan, decode::DecodeTma* tma,
+                cudaError_t* err) {
+  if constexpr (H != 128) {
+    (void)p, (void)forced_chunk, (void)variant, (void)plan, (void)tma, (void)err;
+    return false;
+  } else {
+    if (!pdl_ok<H, kBf16, true>()) return false;
+    const int per_sm = resident_ctas<H, kBf16, true>(err);
+    if (*err != cudaSuccess || per_sm < 0) return false;
+    *plan = plan_v2(p, decode::device_sms() * per_sm, forced_chunk, variant,
+                    [](int s) { return cluster_ok<H, kBf16, true>(s); });
+    plan->pdl = (variant & kV2Pdl) != 0;
     const bool paged = p.block_table != nullptr;
     const int nb = paged ? p.num_pages : p.batch, rows = paged ? p.page_size : p.seqlen_k;
     // A tensor map of the K or V cache, when its strides allow one.
     auto map = [&](CUtensorMap* m, const void* base, int64_t bs, int64_t rs, int64_t hs) {
+      using L = decode::MmaLayout<H, true>;
       return sm90::tmap_bshd_ok(base, nb, rows, p.num_heads_k, bs, rs, hs) &&
              sm90::make_tmap_bshd(m, base, p.dtype, nb, rows, p.num_heads_k, H, bs, rs, hs, L::kBlockN, H / 64) ==
                  cudaSuccess;
     };
     const int64_t widened = std::min<int64_t>(p.seqlen_k, decode::key_span(p) + 63);
-    const bool covered = p.window_left < 0 || int64_t(plan.splits) * plan.chunk >= widened;
-    const bool ok = covered && pdl_ok<H, kBf16>() && (!paged || (p.page_size % 64 == 0 && plan.chunk % 64 == 0)) &&
-                    map(&tma.k, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride) &&
-                    map(&tma.v, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-    if (!ok) return decode_fwd_v1(p, stream, forced_chunk);
+    const bool covered = p.window_left < 0 || int64_t(plan->splits) * plan->chunk >= widened;
+    return covered && (!paged || (p.page_size % 64 == 0 && plan->chunk % 64 == 0)) &&
+           map(&tma->k, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride) &&
+           map(&tma->v, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
   }
-#define JAXATTN_DECODE_TMA_ARG , tma
-#else
-#define JAXATTN_DECODE_TMA_ARG
-#endif
+}
+
+// Launches decode_mma_kernel<H, kBf16, kD> on `plan` (and the combine kernel
+// when its chunks merge neither in one CTA nor in a cluster).
+template <int H, bool kBf16, bool kD>
+LaunchStatus launch_plan(const AttnParams& p, const DecodePlan& plan, const decode::DecodeTma& tma,
+                         cudaStream_t stream) {
+  using L = decode::MmaLayout<H, kD>;
+  if (plan.splits > std::max(p.num_splits, 1) || (plan.splits > 1 && p.split_o == nullptr))
+    return {cudaErrorInvalidValue, "decode_fwd (workspace too small for the row capacity)"};
+  if (p.batch > 65535 || p.num_heads_k > 65535) return {cudaErrorInvalidValue, "decode_fwd (grid too large)"};
+  const dim3 grid(plan.splits * plan.row_blocks, p.num_heads_k, p.batch);
   if (plan.cluster || plan.pdl) {
     cudaLaunchAttribute attrs[2];
-    const cudaLaunchConfig_t cfg = launch_config<H>(grid, plan.cluster ? plan.splits : 1, plan.pdl, stream, attrs);
-    if (cudaError_t e = cudaLaunchKernelEx(&cfg, decode::decode_mma_kernel<H, kBf16>, p, plan JAXATTN_DECODE_TMA_ARG);
+    const cudaLaunchConfig_t cfg = launch_config<H, kD>(grid, plan.cluster ? plan.splits : 1, plan.pdl, stream, attrs);
+    if (cudaError_t e = cudaLaunchKernelEx(&cfg, decode::decode_mma_kernel<H, kBf16, kD>, p, plan, tma);
         e != cudaSuccess)
       return {e, plan.cluster ? "decode_mma_kernel (cluster launch)" : "decode_mma_kernel (programmatic launch)"};
   } else {
-    decode::decode_mma_kernel<H, kBf16><<<grid, L::kThreads, L::kSmemBytes, stream>>>(p, plan JAXATTN_DECODE_TMA_ARG);
+    decode::decode_mma_kernel<H, kBf16, kD><<<grid, L::kThreads, L::kSmemBytes, stream>>>(p, plan, tma);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {e, "decode_mma_kernel"};
   }
-#undef JAXATTN_DECODE_TMA_ARG
   if (plan.splits == 1 || plan.cluster) return {};  // (cluster: merged in the kernel)
   return decode::launch_combine(p, plan, stream);
+}
+
+// The plan of the cp.async loop (resident CTAs from its own layout); *per_sm < 0
+// when its shared memory does not fit this device (version 1 runs instead).
+template <int H, bool kBf16>
+DecodePlan cpasync_plan(const AttnParams& p, int forced_chunk, int variant, int* per_sm, cudaError_t* err) {
+  *per_sm = resident_ctas<H, kBf16>(err);
+  if (*err != cudaSuccess || *per_sm < 0) return {};
+  DecodePlan plan = plan_v2(p, decode::device_sms() * *per_sm, forced_chunk, variant,
+                            [](int s) { return cluster_ok<H, kBf16>(s); });
+  plan.pdl = (variant & kV2Pdl) != 0 && pdl_ok<H, kBf16>();
+  return plan;
+}
+
+template <int H, bool kBf16>
+LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, int variant) {
+  cudaError_t err = cudaSuccess;
+  decode::DecodeTma tma{};
+  if constexpr (H == 128) {  // (the drift loop's layout exists at H=128 only)
+    DecodePlan plan{};
+    if ((variant & kV2Drift) && drift_plan<H, kBf16>(p, forced_chunk, variant, &plan, &tma, &err))
+      return launch_plan<H, kBf16, true>(p, plan, tma, stream);
+    if (err != cudaSuccess) return {err, "decode_mma_kernel (drift loop: shared-memory attribute)"};
+  }
+  int per_sm = 0;
+  const DecodePlan plan = cpasync_plan<H, kBf16>(p, forced_chunk, variant, &per_sm, &err);
+  if (err != cudaSuccess) return {err, "decode_mma_kernel (shared-memory attribute)"};
+  if (per_sm < 0) return decode_fwd_v1(p, stream, forced_chunk);  // too little shared memory here
+  return launch_plan<H, kBf16, false>(p, plan, tma, stream);
 }
 
 template <bool kBf16>
@@ -270,10 +300,14 @@ LaunchStatus launch_head_dim(const AttnParams& p, cudaStream_t stream, int force
 template <int H, bool kBf16>
 int plan_splits(const AttnParams& p, int forced_chunk, int variant, bool* cluster) {
   cudaError_t err = cudaSuccess;
-  const int per_sm = resident_ctas<H, kBf16>(&err);
-  if (err != cudaSuccess || per_sm < 0) return 0;
-  const DecodePlan plan = plan_v2(p, decode::device_sms() * per_sm, forced_chunk, variant,
-                                  [](int s) { return cluster_ok<H, kBf16>(s); });
+  DecodePlan plan{};
+  decode::DecodeTma tma{};
+  int per_sm = 0;
+  if (!((variant & kV2Drift) && drift_plan<H, kBf16>(p, forced_chunk, variant, &plan, &tma, &err))) {
+    err = cudaSuccess;
+    plan = cpasync_plan<H, kBf16>(p, forced_chunk, variant, &per_sm, &err);
+    if (err != cudaSuccess || per_sm < 0) return 0;
+  }
   *cluster = plan.cluster;
   return plan.splits;
 }

@@ -25,8 +25,9 @@
 //
 // Usage: decode_check [--quick] [--no-bench] [--no-check] [--bench-only]
 //   --quick: a few small cases, no benchmark (for compute-sanitizer).
-//   --fast: check only the default ("v2new"), kV2Short, kV2ShortLong and
-//           kV2Short with PDL / with the lean loader alone.
+//   --fast: check only the default ("v2new"), kV2Short, kV2ShortLong,
+//           kV2Short with PDL / with the lean loader alone, and the default
+//           without the drift loop ("v2cpas").
 //   --sweep: also time forced split counts on the short rows.
 //   --row B L: bench that issue-9 row only, no check (for a profiler).
 //   --timeline B L: a build with -DJAXATTN_DECODE_TIMELINE only: per variant of
@@ -143,7 +144,8 @@ static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int nu
 // every loader bit (hoist, touch, 8 tiles of L2 prefetch), 6 = kV2Short,
 // 7 = kV2Short without the cluster merge, 8 = kV2ShortLong, 9 = kV2Short with
 // programmatic dependent launch (kV2Pdl), 10 = kV2Short with the lean loader
-// (kV2Lean). The default (kV2Default) is kV2Short | kV2Lean | kV2Pdl.
+// (kV2Lean), 11 = the default without the drift loop (the cp.async loop at H=128).
+// The default (kV2Default) is kV2Short | kV2Lean | kV2Pdl | kV2Drift.
 constexpr int kShortNoCluster = jc::kV2Short & ~jc::kV2Cluster;
 static const char* kernel_name(int kernel) {
   switch (kernel) {
@@ -156,6 +158,7 @@ static const char* kernel_name(int kernel) {
     case 8: return "v2shlong";
     case 9: return "v2pdl";
     case 10: return "v2lean";
+    case 11: return "v2cpas";
     default: return "v2";
   }
 }
@@ -172,6 +175,7 @@ static jaxattn::cuda::LaunchStatus run_kernel(const AttnParams& p, int kernel, i
     case 8: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2ShortLong);
     case 9: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short | jc::kV2Pdl);
     case 10: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short | jc::kV2Lean);
+    case 11: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant & ~jc::kV2Drift);
     default: return jc::decode_fwd(p, nullptr, 2, chunk);
   }
 }
@@ -427,6 +431,7 @@ static void bench(double peak) {
   // paged code path).
   struct Col { const char* name; int variant; int layout; };
   const Col cols[] = {{"default", def, 0},
+                      {"default, cp.async loop", def & ~jc::kV2Drift, 0},
                       {"short + long chunks", jc::kV2ShortLong, 0},
                       {"short", jc::kV2Short, 0},
                       {"default identity", def, 2},
@@ -497,7 +502,7 @@ static void bench(double peak) {
               "|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
     std::printf("| %d | %d | %.0f%% | %.0f%% | %.2fx | %.0f%% |\n", r.B, r.L, pct(r.g[0]), pct(r.g[kCols - 1]),
-                r.g[0] / r.g[kCols - 1], pct(r.g[5]));
+                r.g[0] / r.g[kCols - 1], pct(r.g[6]));  // (6: "default contig")
 }
 
 #ifdef JAXATTN_DECODE_TIMELINE
@@ -679,8 +684,8 @@ int main(int argc, char** argv) {
     std::printf("== check against float64 (max abs error of o, of lse)\n");
     uint64_t seed = 1;
     for (const DecodeCase& c : cases) {
-      for (int kernel : {1, 2, 3, 5, 6, 7, 8, 9, 10}) {
-        if (fast && kernel != 3 && kernel != 6 && kernel != 8 && kernel != 9 && kernel != 10) continue;
+      for (int kernel : {1, 2, 3, 5, 6, 7, 8, 9, 10, 11}) {
+        if (fast && kernel != 3 && kernel != 6 && kernel != 8 && kernel != 9 && kernel != 10 && kernel != 11) continue;
         double lse_err = 0.0;
         const double err = check_case(c, kernel, seed, &lse_err);
         const double tol = c.bf16 ? 2e-2 : 4e-3;
@@ -692,7 +697,7 @@ int main(int argc, char** argv) {
       ++seed;
     }
     std::printf("%s: %d of %zu case-versions failed\n", failures ? "SOME FAILED" : "ALL OK", failures,
-                (fast ? 5 : 9) * cases.size());
+                (fast ? 6 : 10) * cases.size());
   }
   if (do_bench) {
     const double peak = read_bandwidth();
