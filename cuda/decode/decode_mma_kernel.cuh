@@ -224,9 +224,38 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   const int r0 = rb * L::kRows;
   const int rows_here = min(L::kRows, plan.rows - r0);
 
+  const bool paged = p.block_table != nullptr;
+  const int ps = p.page_size;
+  // Experiment (session 20, -DJAXATTN_EXP_DECODE_EARLY_PAGES; the drift loop only):
+  // without a window, chunk 0 starts at key 0 whatever the row's length, so its page
+  // ids are read before the length arrives rather than after it (one dependent global
+  // round trip less before the first tile); ids past the chunk's pages are read too
+  // (inside row b of the table, clamped) and never used.
+#ifdef JAXATTN_EXP_DECODE_EARLY_PAGES
+  const bool early_pages = L::kDrift && paged && split == 0 && p.window_left < 0;
+  constexpr int kEarlyIds = (kMaxChunkPages + kThreads - 1) / kThreads;  // ids per thread, at most
+  int32_t early_id[kEarlyIds];
+#pragma unroll
+  for (int i = 0; i < kEarlyIds; ++i) {  // (loads into registers: in flight with the length's)
+    const int t = tid + i * kThreads;
+    early_id[i] = early_pages && t < min(p.max_pages, kMaxChunkPages)
+                      ? p.block_table[int64_t(b) * p.max_pages + t] : 0;
+  }
+#else
+  constexpr bool early_pages = false;
+#endif
   // This CTA's keys [j_begin, j_end).
   int lo, len;
   row_keys(p, b, &lo, &len);
+#ifdef JAXATTN_EXP_DECODE_EARLY_PAGES
+  if (early_pages) {
+#pragma unroll
+    for (int i = 0; i < kEarlyIds; ++i) {
+      const int t = tid + i * kThreads;
+      if (t < min(p.max_pages, kMaxChunkPages)) pages_s[t] = min(max(early_id[i], 0), p.num_pages - 1);
+    }
+  }
+#endif
   // The drift loop's TMA tiles start on 64-key boundaries (page-aligned): keys
   // [lo / 64 * 64, lo) are read too, masked by the window (their V rows zeroed).
   [[maybe_unused]] const int lo_keys = lo;
@@ -241,13 +270,11 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   const int num_tiles = (j_end - j_begin + kBlockN - 1) / kBlockN;
 
   // Page ids of the chunk (clamped), and the query rows (zero past the last).
-  const bool paged = p.block_table != nullptr;
-  const int ps = p.page_size;
   const int page0 = paged ? j_begin / ps : 0;
   int npages = 0;
   if (paged && j_begin < j_end) {
     npages = (j_end - 1) / ps - page0 + 1;
-    for (int t = tid; t < npages; t += kThreads) {
+    for (int t = tid; t < (early_pages ? 0 : npages); t += kThreads) {
       const int32_t id = p.block_table[int64_t(b) * p.max_pages + page0 + t];
       pages_s[t] = min(max(id, 0), p.num_pages - 1);
     }
