@@ -177,7 +177,8 @@ __device__ __forceinline__ float ld_cluster_f32(uint32_t addr, int rank) {
 #ifdef JAXATTN_DECODE_TIMELINE
 // Profiling builds only (decode_check --timeline): thread 0 of each CTA
 // records global-timer stamps of its phases (kTimelineMarks per CTA: start,
-// prologue done, first tile in, middle tile in, loop done, end, SM id) into
+// prologue done, first tile in, middle tile in, loop done, end, SM id, the warps'
+// merge done (before the cluster merge / output stores)) into
 // buf[call][cta], call = how many times this CTA index has run before.
 constexpr int kTimelineMarks = 8;
 struct DecodeTimeline {
@@ -721,6 +722,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
     row_lse[tid] = sum > 0.f ? M + log2f(sum) : -INFINITY;
   }
   __syncthreads();
+  JAXATTN_DECODE_MARK(7);
   const bool direct = plan.splits == 1;
   if (plan.cluster && !direct) {
     // Cluster merge: every CTA publishes its normalised partial output and

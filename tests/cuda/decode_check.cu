@@ -522,10 +522,10 @@ static void timeline(double peak, int B, int L) {
   // layout: 0 paged (shuffled pages), 1 contiguous, 2 paged through the identity table.
   struct Cfg { const char* name; int variant; int layout; };
   const Cfg cfgs[] = {{"paged", def, 0},
+                      {"paged, cp.async loop", def & ~jc::kV2Drift, 0},
                       {"paged, no pdl", def & ~jc::kV2Pdl, 0},
-                      {"paged, kV2Short (session-15 default)", jc::kV2Short, 0},
                       {"contig", def, 1},
-                      {"contig, kV2Short", jc::kV2Short, 1}};
+                      {"contig, cp.async loop", def & ~jc::kV2Drift, 1}};
   auto params_of = [&](const Cfg& c) -> const AttnParams& {
     return c.layout == 1 ? br.pc : c.layout == 2 ? br.pid : br.call.p;
   };
@@ -536,7 +536,7 @@ static void timeline(double peak, int B, int L) {
               "us, medians over calls %d..%d\n", B, L, kBenchPage, kBenchN, kBenchK, kBenchH, peak / 1e9, kSkip,
               kCalls - 2);
   std::printf("| variant | GB/s (%%) | splits | CTAs | launch spread | prologue | first tile | loop (min / med / max) "
-              "| epilogue | span | gap to next | period | CTA ends at %% of span (p10 / p50 / p90) |\n"
+              "| epilogue (warps' merge + the rest) | span | gap to next | period | CTA ends at %% of span (p10 / p50 / p90) |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> profiles;
   for (size_t ci = 0; ci < timers.size(); ++ci) {
@@ -563,10 +563,10 @@ static void timeline(double peak, int B, int L) {
     auto at = [&](int c, int cta, int m) { return double(h[(size_t(c) * ctas + cta) * M + m]) * 1e-3; };  // us
     auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
     auto pctl = [](std::vector<double> v, double q) { std::sort(v.begin(), v.end()); return v[size_t(q * (v.size() - 1))]; };
-    std::vector<double> spread, pro, first, lmin, lmed, lmax, epi, span, gap, period, e10, e50, e90;
+    std::vector<double> spread, pro, first, lmin, lmed, lmax, epi, emerge, span, gap, period, e10, e50, e90;
     for (int c = kSkip; c < kCalls - 1; ++c) {
       double s0 = 1e300, s1 = -1e300, end = -1e300, next0 = 1e300;
-      std::vector<double> vp, vf, vl, ve, ends;
+      std::vector<double> vp, vf, vl, ve, vm, ends;
       for (int k = 0; k < ctas; ++k) {
         s0 = std::min(s0, at(c, k, 0));
         s1 = std::max(s1, at(c, k, 0));
@@ -576,10 +576,11 @@ static void timeline(double peak, int B, int L) {
         vf.push_back(at(c, k, 2) - at(c, k, 1));
         vl.push_back(at(c, k, 4) - at(c, k, 2));
         ve.push_back(at(c, k, 5) - at(c, k, 4));
+        vm.push_back(at(c, k, 7) - at(c, k, 4));  // mark 7: the warps' merge done
       }
       for (int k = 0; k < ctas; ++k) ends.push_back(100 * (at(c, k, 5) - s0) / (end - s0));
       spread.push_back(s1 - s0), pro.push_back(med(vp)), first.push_back(med(vf));
-      lmin.push_back(pctl(vl, 0)), lmed.push_back(med(vl)), lmax.push_back(pctl(vl, 1)), epi.push_back(med(ve));
+      lmin.push_back(pctl(vl, 0)), lmed.push_back(med(vl)), lmax.push_back(pctl(vl, 1)), epi.push_back(med(ve)), emerge.push_back(med(vm));
       span.push_back(end - s0), gap.push_back(next0 - end), period.push_back(next0 - s0);
       e10.push_back(pctl(ends, 0.1)), e50.push_back(pctl(ends, 0.5)), e90.push_back(pctl(ends, 0.9));
       if (c == kCalls / 2) {
@@ -593,9 +594,10 @@ static void timeline(double peak, int B, int L) {
       }
     }
     const double g = timers[ci].median();
-    std::printf("| %s | %.0f (%.0f%%) | %d%s | %d | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f | %.1f | %.1f | %.1f | %.1f | "
-                "%.0f / %.0f / %.0f |\n", cfg.name, g, 100 * g * 1e9 / peak, splits, cl ? "c" : "", ctas, med(spread),
-                med(pro), med(first), med(lmin), med(lmed), med(lmax), med(epi), med(span), med(gap), med(period),
+    std::printf("| %s | %.0f (%.0f%%) | %d%s | %d | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f | %.1f (%.1f + %.1f) | %.1f | "
+                "%.1f | %.1f | %.0f / %.0f / %.0f |\n", cfg.name, g, 100 * g * 1e9 / peak, splits, cl ? "c" : "", ctas,
+                med(spread), med(pro), med(first), med(lmin), med(lmed), med(lmax), med(epi), med(emerge),
+                med(epi) - med(emerge), med(span), med(gap), med(period),
                 med(e10), med(e50), med(e90));
   }
   for (const std::string& l : profiles) std::printf("%s\n", l.c_str());
