@@ -73,26 +73,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, boo
                "r"(src_bytes));
 }
 
-// As cp_async_16, with L2 hints: kHint bit 0 asks L2 to fetch 256 bytes from
-// memory per miss (.L2::256B), bit 1 marks the line evict-first (read-once data).
-template <int kHint>
-__device__ __forceinline__ void cp_async_16_hint(uint32_t smem, const void* gmem, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  if constexpr ((kHint & 2) != 0) {
-    uint64_t policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    if constexpr ((kHint & 1) != 0)
-      asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(smem),
-                   "l"(gmem), "r"(src_bytes), "l"(policy));
-    else
-      asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem), "l"(gmem),
-                   "r"(src_bytes), "l"(policy));
-  } else {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
-                 "r"(src_bytes));
-  }
-}
-
 // Fetches the 128-byte line holding `gmem` into L2 (no register written,
 // nothing to wait for).
 __device__ __forceinline__ void prefetch_l2(const void* gmem) {

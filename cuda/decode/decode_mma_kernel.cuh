@@ -38,6 +38,13 @@
 // tile), so kStages tiles are in flight while the CTA waits for the next one
 // (kStages - 1 without it: the stage freed by tile t - 1 is refilled only
 // after tile t has landed).
+//
+// decode_mma_kernel<128, kBf16, true> (kV2Drift, the H=128 default where
+// launch_decode_v2.cu's drift_plan allows it; session 20): the drift loop
+// (MmaLayout<128, true>). One CTA per SM, tiles loaded by a producer warp with
+// TMA boxes onto full / empty mbarriers per stage, two groups of 4 consumer warps
+// on alternate tiles and no CTA barrier in the loop; prologue, softmax
+// (decode_softmax_tile.inc), warp merge and epilogue are the cp.async loop's.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a header type)
@@ -48,13 +55,6 @@
 #define JAXATTN_DECODE_DRIFT_ON 1  // the drift loop is compiled in (sm_90 code)
 #endif
 #include "decode/decode_common.cuh"
-// Experiment (session 20, -DJAXATTN_EXP_DECODE_L2HINT=1|2|3): the tile loads'
-// L2 hints (1: 256-byte fetches, 2: evict-first, 3: both; see cp_async_16_hint).
-#ifdef JAXATTN_EXP_DECODE_L2HINT
-#define JAXATTN_DECODE_CP(dst, src, valid) ptx::cp_async_16_hint<JAXATTN_EXP_DECODE_L2HINT>(dst, src, valid)
-#else
-#define JAXATTN_DECODE_CP(dst, src, valid) ptx::cp_async_16(dst, src, valid)
-#endif
 #include "sm80/smem_tile.cuh"
 
 namespace jaxattn::cuda::decode {
@@ -135,11 +135,7 @@ struct MmaLayout {
   static constexpr int kQOffset = kFirstBytes;
   static constexpr int kPagesOffset = kQOffset + kRows * kPitch * 2;
   static constexpr int kBarOffset = (kPagesOffset + kMaxChunkPages * 4 + 7) / 8 * 8;  // full[kStages], empty[kStages]
-#ifndef JAXATTN_EXP_DECODE_DRIFT_PAD  // (experiment: unused shared memory, to hold one CTA per SM)
-#define JAXATTN_EXP_DECODE_DRIFT_PAD 0
-#endif
-  static constexpr int kSmemBytes =
-      kDrift ? kBarOffset + 2 * kStages * 8 + JAXATTN_EXP_DECODE_DRIFT_PAD : kPagesOffset + kMaxChunkPages * 4;
+  static constexpr int kSmemBytes = kDrift ? kBarOffset + 2 * kStages * 8 : kPagesOffset + kMaxChunkPages * 4;
 };
 
 // The drift loop's tensor maps of the K and V caches ([pages or B, rows, K, H] as
@@ -393,8 +389,8 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
       const Elem* ks = (in_a ? t.ka : t.kb) + int64_t(r) * p.k_row_stride;
       const Elem* vs = (in_a ? t.va : t.vb) + int64_t(r) * p.v_row_stride;
       const uint32_t off_s = k * L::kRowsPerPass * kPitch * 2;
-      JAXATTN_DECODE_CP(dst + off_s, valid ? ks : kbase, valid);
-      JAXATTN_DECODE_CP(dst + L::kTileElems * 2 + off_s, valid ? vs : vbase, valid);
+      ptx::cp_async_16(dst + off_s, valid ? ks : kbase, valid);
+      ptx::cp_async_16(dst + L::kTileElems * 2 + off_s, valid ? vs : vbase, valid);
     }
   };
   auto load_tile = [&](int tile) {
@@ -418,8 +414,8 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
         key_offsets(r, j, off, ka, va, kb, vb, ko, vo);
       }
       const uint32_t off_s = k * L::kRowsPerPass * kPitch * 2;
-      JAXATTN_DECODE_CP(dst + off_s, kbase + ko, valid);
-      JAXATTN_DECODE_CP(dst + L::kTileElems * 2 + off_s, vbase + vo, valid);
+      ptx::cp_async_16(dst + off_s, kbase + ko, valid);
+      ptx::cp_async_16(dst + L::kTileElems * 2 + off_s, vbase + vo, valid);
     }
   };
   // L2 prefetch of a tile (plan.prefetch > 0): every 128-byte line of its K
@@ -561,6 +557,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
     __trap();  // the drift layout runs only as sm_90 code (the launcher checks)
 #endif
   } else {
+  // The cp.async loop (every layout but the drift loop's).
   // Tiles in the ring before the loop: kStages - 1, or every stage (refill).
   const bool refill = plan.refill;
   const int ahead = refill ? kStages : kStages - 1;
