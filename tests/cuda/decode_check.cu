@@ -591,6 +591,33 @@ static void timeline(double peak, int B, int L) {
           line += " " + std::to_string(active);
         }
         profiles.push_back(line);
+        // Which SMs ran the fastest and slowest loops (equal work per CTA in these
+        // rows), and the mean loop time by how many of this call's CTAs shared the
+        // SM's TPC (SM ids 2i, 2i + 1): is the spread placement?
+        std::vector<std::pair<double, int>> by_loop;
+        std::vector<int> per_tpc(256, 0);
+        for (int k = 0; k < ctas; ++k) {
+          const int sm = int(std::lround(at(c, k, 6) * 1e3));
+          by_loop.push_back({at(c, k, 4) - at(c, k, 2), sm});
+          ++per_tpc[std::min(sm / 2, 255)];
+        }
+        std::sort(by_loop.begin(), by_loop.end());
+        std::string ext = std::string(cfg.name) + ": loop us @ SM, fastest:";
+        for (size_t i = 0; i < std::min<size_t>(8, by_loop.size()); ++i)
+          ext += " " + std::to_string(int(by_loop[i].first)) + "@" + std::to_string(by_loop[i].second);
+        ext += "; slowest:";
+        for (size_t i = by_loop.size() > 8 ? by_loop.size() - 8 : 0; i < by_loop.size(); ++i)
+          ext += " " + std::to_string(int(by_loop[i].first)) + "@" + std::to_string(by_loop[i].second);
+        double sum[3] = {0, 0, 0};
+        int cnt[3] = {0, 0, 0};
+        for (const auto& [loop_us, sm] : by_loop) {
+          const int n = std::min(per_tpc[std::min(sm / 2, 255)], 2);
+          sum[n] += loop_us, ++cnt[n];
+        }
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "; mean loop with 1 / 2+ CTAs on the TPC: %.1f (%d) / %.1f (%d)",
+                      cnt[1] ? sum[1] / cnt[1] : 0.0, cnt[1], cnt[2] ? sum[2] / cnt[2] : 0.0, cnt[2]);
+        profiles.push_back(ext + buf);
       }
     }
     const double g = timers[ci].median();
