@@ -224,11 +224,25 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   const bool paged = p.block_table != nullptr;
   const int ps = p.page_size;
   // Experiment (session 20, -DJAXATTN_EXP_DECODE_EARLY_PAGES; the drift loop only):
-  // without a window, chunk 0 starts at key 0 whatever the row's length, so its page
-  // ids are read before the length arrives rather than after it (one dependent global
-  // round trip less before the first tile); ids past the chunk's pages are read too
-  // (inside row b of the table, clamped) and never used.
+  // the query rows, and without a window chunk 0's page ids (it starts at key 0
+  // whatever the row's length), are loaded into registers in the same round trip as
+  // the length rather than after it (one dependent global round trip less before
+  // the first tile); ids past the chunk's pages are read too (inside row b of the
+  // table, clamped) and never used.
 #ifdef JAXATTN_EXP_DECODE_EARLY_PAGES
+  constexpr bool early_q = L::kDrift;
+  constexpr int kEarlyQ = (L::kRows * L::kChunksPerRow + kThreads - 1) / kThreads;  // uint4 per thread
+  uint4 early_qv[kEarlyQ];
+#pragma unroll
+  for (int i = 0; i < kEarlyQ; ++i) {
+    const int c = tid + i * kThreads, r = c / L::kChunksPerRow, col = (c % L::kChunksPerRow) * 8;
+    early_qv[i] = make_uint4(0, 0, 0, 0);
+    if (early_q && c < L::kRows * L::kChunksPerRow && r < rows_here) {
+      const int row = r0 + r, i_q = row / G, n = kh * G + row % G;
+      early_qv[i] = *reinterpret_cast<const uint4*>(static_cast<const Elem*>(p.q) + b * p.q_batch_stride +
+                                                     i_q * p.q_row_stride + n * p.q_head_stride + col);
+    }
+  }
   const bool early_pages = L::kDrift && paged && split == 0 && p.window_left < 0;
   constexpr int kEarlyIds = (kMaxChunkPages + kThreads - 1) / kThreads;  // ids per thread, at most
   int32_t early_id[kEarlyIds];
@@ -239,7 +253,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
                       ? p.block_table[int64_t(b) * p.max_pages + t] : 0;
   }
 #else
-  constexpr bool early_pages = false;
+  constexpr bool early_pages = false, early_q = false;
 #endif
   // This CTA's keys [j_begin, j_end).
   int lo, len;
@@ -250,6 +264,13 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
     for (int i = 0; i < kEarlyIds; ++i) {
       const int t = tid + i * kThreads;
       if (t < min(p.max_pages, kMaxChunkPages)) pages_s[t] = min(max(early_id[i], 0), p.num_pages - 1);
+    }
+  }
+  if constexpr (early_q) {
+#pragma unroll
+    for (int i = 0; i < kEarlyQ; ++i) {
+      const int c = tid + i * kThreads, r = c / L::kChunksPerRow, col = (c % L::kChunksPerRow) * 8;
+      if (c < L::kRows * L::kChunksPerRow) *reinterpret_cast<uint4*>(q_s + r * kPitch + col) = early_qv[i];
     }
   }
 #endif
@@ -276,7 +297,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
       pages_s[t] = min(max(id, 0), p.num_pages - 1);
     }
   }
-  for (int c = tid; c < L::kRows * L::kChunksPerRow; c += kThreads) {
+  for (int c = tid; c < (early_q ? 0 : L::kRows * L::kChunksPerRow); c += kThreads) {
     const int r = c / L::kChunksPerRow, col = (c % L::kChunksPerRow) * 8;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r < rows_here) {
