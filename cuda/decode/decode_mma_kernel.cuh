@@ -228,7 +228,8 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   // whatever the row's length), are loaded into registers in the same round trip as
   // the length rather than after it (one dependent global round trip less before
   // the first tile); ids past the chunk's pages are read too (inside row b of the
-  // table, clamped) and never used.
+  // table, clamped) and never used. (The query load repeats the default loop's
+  // below: a shared lambda changed every kernel's SASS; fold them if this is adopted.)
 #ifdef JAXATTN_EXP_DECODE_EARLY_PAGES
   constexpr bool early_q = L::kDrift;
   constexpr int kEarlyQ = (L::kRows * L::kChunksPerRow + kThreads - 1) / kThreads;  // uint4 per thread
