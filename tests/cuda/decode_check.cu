@@ -618,6 +618,30 @@ static void timeline(double peak, int B, int L) {
         std::snprintf(buf, sizeof buf, "; mean loop with 1 / 2+ CTAs on the TPC: %.1f (%d) / %.1f (%d)",
                       cnt[1] ? sum[1] / cnt[1] : 0.0, cnt[1], cnt[2] ? sum[2] / cnt[2] : 0.0, cnt[2]);
         profiles.push_back(ext + buf);
+        // Is the spread between rows (all KV heads of a batch row slow together: placement
+        // or bandwidth arbitration) or within rows (the heads of one row, which read
+        // interleaved 256-byte pieces of the same key rows, drift apart)? CTA k is
+        // (split, head, row) = (k % splits, k / splits % K, k / (splits * K)).
+        std::vector<double> row_sum(B, 0), row_min(B, 1e300), row_max(B, -1e300), head_sum(kBenchK, 0);
+        for (int k = 0; k < ctas; ++k) {
+          const double v = at(c, k, 4) - at(c, k, 2);
+          const int r = k / (splits * kBenchK), hd = k / splits % kBenchK;
+          row_sum[r] += v, row_min[r] = std::min(row_min[r], v), row_max[r] = std::max(row_max[r], v);
+          head_sum[hd] += v;
+        }
+        std::string rl = std::string(cfg.name) + ": loop us per row (mean [min-max]):";
+        for (int r = 0; r < B && r < 16; ++r) {
+          char b2[64];
+          std::snprintf(b2, sizeof b2, " %.0f[%.0f-%.0f]", row_sum[r] / (ctas / B), row_min[r], row_max[r]);
+          rl += b2;
+        }
+        rl += "; per head:";
+        for (int hd = 0; hd < kBenchK; ++hd) {
+          char b2[32];
+          std::snprintf(b2, sizeof b2, " %.1f", head_sum[hd] / (ctas / kBenchK));
+          rl += b2;
+        }
+        profiles.push_back(rl);
       }
     }
     const double g = timers[ci].median();
