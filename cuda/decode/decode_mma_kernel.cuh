@@ -223,14 +223,13 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
 
   const bool paged = p.block_table != nullptr;
   const int ps = p.page_size;
-  // Experiment (session 20, -DJAXATTN_EXP_DECODE_EARLY_PAGES; the drift loop only):
-  // the query rows, and without a window chunk 0's page ids (it starts at key 0
-  // whatever the row's length), are loaded into registers in the same round trip as
-  // the length rather than after it (one dependent global round trip less before
-  // the first tile); ids past the chunk's pages are read too (inside row b of the
-  // table, clamped) and never used. (The query load repeats the default loop's
-  // below: a shared lambda changed every kernel's SASS; fold them if this is adopted.)
-#ifdef JAXATTN_EXP_DECODE_EARLY_PAGES
+  // The drift loop loads the query rows, and without a window chunk 0's page ids (it
+  // starts at key 0 whatever the row's length), into registers in the same global
+  // round trip as the length rather than after it: one dependent round trip less
+  // before the first tile (session 21 run 1: +1-1.5 points at B=16 L=4K, H200). Ids
+  // past the chunk's pages are read too (inside row b of the table, clamped) and never
+  // used. (The cp.async loop keeps its query load below: sharing one lambda changed
+  // every kernel's SASS.)
   constexpr bool early_q = L::kDrift;
   constexpr int kEarlyQ = (L::kRows * L::kChunksPerRow + kThreads - 1) / kThreads;  // uint4 per thread
   uint4 early_qv[kEarlyQ];
@@ -253,13 +252,9 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
     early_id[i] = early_pages && t < min(p.max_pages, kMaxChunkPages)
                       ? p.block_table[int64_t(b) * p.max_pages + t] : 0;
   }
-#else
-  constexpr bool early_pages = false, early_q = false;
-#endif
   // This CTA's keys [j_begin, j_end).
   int lo, len;
   row_keys(p, b, &lo, &len);
-#ifdef JAXATTN_EXP_DECODE_EARLY_PAGES
   if (early_pages) {
 #pragma unroll
     for (int i = 0; i < kEarlyIds; ++i) {
@@ -274,7 +269,6 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
       if (c < L::kRows * L::kChunksPerRow) *reinterpret_cast<uint4*>(q_s + r * kPitch + col) = early_qv[i];
     }
   }
-#endif
   // The drift loop's TMA tiles start on 64-key boundaries (page-aligned): keys
   // [lo / 64 * 64, lo) are read too, masked by the window (their V rows zeroed).
   [[maybe_unused]] const int lo_keys = lo;
