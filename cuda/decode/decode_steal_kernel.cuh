@@ -12,11 +12,14 @@
 // take over the slow ones' tails (and the 4 SMs the 128 units leave idle help).
 //
 // Partials: every consumer warp keeps its running (m, l, o) per visit of a unit
-// (a run of consecutive tiles of the CTA's stream from one unit) and, when its
-// group moves to another unit or the stream ends, writes them to a part slot of
-// the unit and adds the tiles it did to the unit's count; the warp whose add
-// completes the unit (4 warp-tiles per tile) merges the parts and writes o and
-// lse. At most 1 + kMaxSteals visits per unit, 8 warps each: kMaxParts slots.
+// (a run of consecutive tiles of the CTA's stream from one unit); when its group
+// moves to another unit or the stream ends, the group's 4 warps merge theirs
+// through shared memory into one part slot of the unit (taken when the visit
+// began) and add the tiles they did to the unit's count; the group whose add
+// completes the unit merges the unit's parts (all 128 threads, every part's loads
+// in flight at once) and writes o and lse. At most 1 + kMaxSteals visits per
+// unit, two groups each: kMaxParts slots. (Run 2's first version wrote one part
+// per warp and merged them in one warp, part after part: 30 us a call.)
 //
 // State (StealState): per unit a 64-bit word (front tile claimed so far, low 32
 // bits; back = end of the owner's range, high 32 bits, signed), the done count,
@@ -34,8 +37,8 @@ namespace jaxattn::cuda::decode {
 constexpr int kStealClaim = 2;   // tiles an owner claims per atomic
 constexpr int kMinSteal = 4;     // tiles a unit must have left to be stolen from
 constexpr int kMaxSteals = 3;    // steals per unit
-constexpr int kStealWarps = 8;   // consumer warps of MmaLayout<128, true>
-constexpr int kMaxParts = kStealWarps * (1 + kMaxSteals);
+constexpr int kStealGroups = 2;  // consumer groups of MmaLayout<128, true>
+constexpr int kMaxParts = kStealGroups * (1 + kMaxSteals);
 
 struct StealState {
   unsigned long long* word;  // [units]
@@ -60,14 +63,18 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
                         const __grid_constant__ DecodeTma tma, const StealState st) {
 #ifdef JAXATTN_DECODE_DRIFT_ON
   using L = MmaLayout<H, true>;
-  static_assert(L::kWarps == kStealWarps && L::kGroups == 2 && L::kBlockN == 64, "steal layout");
+  static_assert(L::kGroups == kStealGroups && L::kKeyWarps == 4 && L::kBlockN == 64, "steal layout");
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   constexpr int kStages = L::kStages, kPitch = L::kPitch;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* ring = smem + (((ptx::smem_addr(smem) + 1023) & ~1023u) - ptx::smem_addr(smem));
   StealInfo* info = reinterpret_cast<StealInfo*>(ring + kStages * L::kTmaStageBytes);
   Elem* q_s = reinterpret_cast<Elem*>(info + kStages);  // [2 groups][16][kPitch]
-  const uint32_t full_bar = ptx::smem_addr(q_s + 2 * 16 * kPitch), empty_bar = full_bar + 8 * kStages;
+  // Per group: the warps' (m, l, o) rows for the group merge, and two ints (the
+  // visit's part slot, the completing flag).
+  constexpr int kRedFloats = 4 * 16 * (H + 4) + 2 * 4 * 16 + 4;
+  float* red_all = reinterpret_cast<float*>(q_s + 2 * 16 * kPitch);
+  const uint32_t full_bar = ptx::smem_addr(red_all + 2 * kRedFloats), empty_bar = full_bar + 8 * kStages;
   const uint32_t ring_base = ptx::smem_addr(ring);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -133,14 +140,27 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
       __syncwarp();
       ++tseq;
     };
-    // Owned units.
-    while (true) {
-      int u = 0;
-      if (lane == 0) u = atomicAdd(st.next_unit, 1);
-      u = __shfl_sync(~0u, u, 0);
-      if (u >= units) break;
+    // Owned units: the first is blockIdx.x, the next ones come from the counter
+    // (offset by the grid), each asked for when the previous one starts. Its row
+    // length and first page ids load while the current unit streams.
+    int u = blockIdx.x;
+    int pre_b = -1, pre_base = 0, pre_id = 0;  // the next unit's first page ids
+    auto preload = [&](int b, int lo_keys) {
+      pre_b = b, pre_base = paged ? lo_keys / 64 * 64 / ps : 0;
+      const int t = pre_base + lane;
+      pre_id = paged && t < p.max_pages ? min(max(p.block_table[int64_t(b) * p.max_pages + t], 0), p.num_pages - 1) : 0;
+    };
+    if (u < units) {
       int b, kh, rb, lo_keys, len, n;
       unit_geom(u, b, kh, rb, lo_keys, len, n);
+      preload(b, lo_keys);
+    }
+    while (u < units) {
+      int nu = 0;
+      if (lane == 0) nu = gridDim.x + atomicAdd(st.next_unit, 1);  // (in flight while u streams)
+      int b, kh, rb, lo_keys, len, n;
+      unit_geom(u, b, kh, rb, lo_keys, len, n);
+      win_b = pre_b, win_base = pre_base, my_id = pre_id;
       if (n == 0) {  // nothing visible: o = 0, lse = -inf
         const int r0 = rb * 16, rows_here = min(16, plan.rows - r0);
         for (int c = lane; c < rows_here * H; c += 32) {
@@ -152,18 +172,34 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
           const int row = r0 + lane, i = row / G, hn = kh * G + row % G;
           p.lse[(int64_t(b) * T + i) * p.num_heads + hn] = -INFINITY;
         }
-        continue;
+      } else {
+        // Our first claim, tiles [0, kStealClaim), is part of the add that sets the
+        // back (no steal can precede it: a unit with back 0 has nothing to steal).
+        if (lane == 0) atomicAdd(st.word + u, (static_cast<unsigned long long>(n) << 32) + kStealClaim);
+        int f = 0, bk = n;
+        bool first = true;
+        while (f < bk) {
+          unsigned long long nxt = 0;
+          if (lane == 0) nxt = atomicAdd(st.word + u, static_cast<unsigned long long>(kStealClaim));  // ahead
+          for (int t = f; t < min(f + kStealClaim, bk); ++t) issue(u, b, kh, t, lo_keys, len, n);
+          if (first) {  // the next unit's row length and first page ids, while this one streams
+            first = false;
+            const int v = __shfl_sync(~0u, nu, 0);
+            if (v < units) {
+              int vb, vkh, vrb, vlo, vlen, vn;
+              unit_geom(v, vb, vkh, vrb, vlo, vlen, vn);
+              preload(vb, vlo);
+            }
+          }
+          nxt = __shfl_sync(~0u, nxt, 0);
+          f = int(uint32_t(nxt)), bk = int(nxt >> 32);
+        }
       }
-      unsigned long long old = 0;
-      if (lane == 0) old = atomicAdd(st.word + u, (static_cast<unsigned long long>(n) << 32) + kStealClaim);
-      old = __shfl_sync(~0u, old, 0);
-      int f = int(uint32_t(old)), bk = int(old >> 32) + n;  // (this add set the back)
-      while (f < bk) {
-        unsigned long long nxt = 0;
-        if (lane == 0) nxt = atomicAdd(st.word + u, static_cast<unsigned long long>(kStealClaim));  // ahead
-        for (int t = f; t < min(f + kStealClaim, bk); ++t) issue(u, b, kh, t, lo_keys, len, n);
-        nxt = __shfl_sync(~0u, nxt, 0);
-        f = int(uint32_t(nxt)), bk = int(nxt >> 32);
+      u = __shfl_sync(~0u, nu, 0);
+      if (n == 0 && u < units) {
+        int vb, vkh, vrb, vlo, vlen, vn;
+        unit_geom(u, vb, vkh, vrb, vlo, vlen, vn);
+        preload(vb, vlo);
       }
     }
     // Steals: the back half of the unit with the most tiles left.
@@ -227,55 +263,83 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
   bool row_ok[2];
   int cur = -1, cur_n = 0, nt = 0, cur_b = 0, cur_kh = 0, cur_rb = 0;
 
-  // This warp's partial of unit `cur` to a part slot; the warp completing the unit merges.
+  // The group's part of unit `cur`: the 4 warps' rows merged through shared memory
+  // into the visit's part slot; the group whose tiles complete the unit merges its
+  // parts and writes o and lse.
+  float* red_o = red_all + group * kRedFloats;  // [4][16][H + 4]
+  float* red_m = red_o + 4 * 16 * (H + 4);      // [4][16]
+  float* red_l = red_m + 4 * 16;                // [4][16]
+  int* red_i = reinterpret_cast<int*>(red_l + 4 * 16);  // [0]: the visit's slot, [1]: completes the unit
+  const int gt = kw * 32 + lane;                // thread of the group
+  auto group_bar = [&]() { asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(L::kKeyWarps * 32) : "memory"); };
   auto flush = [&]() {
-    int slot = 0;
-    if (lane == 0) slot = atomicAdd(st.nparts + cur, 1);
-    slot = __shfl_sync(~0u, slot, 0);
     const int rows_here = min(16, plan.rows - cur_rb * 16);
-    float* part = st.parts + (int64_t(cur) * kMaxParts + slot) * st.part_rows * (H + 2);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float lsum = ptx::quad_sum(l[h]);
       const int r = g + 8 * h;
       if (r < rows_here) {
-        if (t4 == 0) part[r * (H + 2)] = m[h], part[r * (H + 2) + 1] = lsum;
+        if (t4 == 0) red_m[kw * 16 + r] = m[h], red_l[kw * 16 + r] = lsum;
 #pragma unroll
         for (int d = 0; d < H / 8; ++d)
-          *reinterpret_cast<float2*>(part + r * (H + 2) + 2 + d * 8 + 2 * t4) =
+          *reinterpret_cast<float2*>(red_o + (kw * 16 + r) * (H + 4) + d * 8 + 2 * t4) =
               make_float2(o_acc[0][d][2 * h], o_acc[0][d][2 * h + 1]);
       }
     }
+    group_bar();
+    const int slot = red_i[0];
+    float* part = st.parts + (int64_t(cur) * kMaxParts + slot) * st.part_rows * (H + 2);
+    for (int e = gt; e < rows_here * H; e += L::kKeyWarps * 32) {
+      const int r = e / H, d = e % H;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) M = fmaxf(M, red_m[w * 16 + r]);
+      float o = 0.f, sum = 0.f;
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const float wt = exp2f(red_m[w * 16 + r] - M);
+          o += wt * red_o[(w * 16 + r) * (H + 4) + d];
+          sum += wt * red_l[w * 16 + r];
+        }
+      }
+      part[r * (H + 2) + 2 + d] = o;
+      if (d == 0) part[r * (H + 2)] = M, part[r * (H + 2) + 1] = sum;
+    }
     __threadfence();
-    __syncwarp();
-    int last = 0;
-    if (lane == 0) last = atomicAdd(st.done + cur, nt) + nt == L::kKeyWarps * cur_n;
-    if (!__shfl_sync(~0u, last, 0)) return;
+    group_bar();
+    if (gt == 0) red_i[1] = atomicAdd(st.done + cur, nt) + nt == cur_n;
+    group_bar();
+    if (!red_i[1]) return;
     __threadfence();
     const int np = *reinterpret_cast<volatile int*>(st.nparts + cur);
     const float* base = st.parts + int64_t(cur) * kMaxParts * st.part_rows * (H + 2);
-    for (int r = 0; r < rows_here; ++r) {
+    for (int e = gt; e < rows_here * H; e += L::kKeyWarps * 32) {
+      const int r = e / H, d = e % H;
+      float mq[kMaxParts], lq[kMaxParts], oq[kMaxParts];
+#pragma unroll
+      for (int q = 0; q < kMaxParts; ++q) {  // every part's loads in flight at once
+        const float* pr = base + (q * st.part_rows + r) * (H + 2);
+        mq[q] = q < np ? __ldcg(pr) : -INFINITY;
+        lq[q] = q < np ? __ldcg(pr + 1) : 0.f;
+        oq[q] = q < np ? __ldcg(pr + 2 + d) : 0.f;
+      }
       float M = -INFINITY;
-      for (int q = 0; q < np; ++q) M = fmaxf(M, __ldcg(base + (q * st.part_rows + r) * (H + 2)));
-      float sum = 0.f, acc[H / 32];
 #pragma unroll
-      for (int k = 0; k < H / 32; ++k) acc[k] = 0.f;
+      for (int q = 0; q < kMaxParts; ++q) M = fmaxf(M, mq[q]);
+      float sum = 0.f, o = 0.f;
       if (M != -INFINITY) {
-        for (int q = 0; q < np; ++q) {
-          const float* pr = base + (q * st.part_rows + r) * (H + 2);
-          const float w = exp2f(__ldcg(pr) - M);
-          sum += w * __ldcg(pr + 1);
 #pragma unroll
-          for (int k = 0; k < H / 32; ++k) acc[k] += w * __ldcg(pr + 2 + lane + 32 * k);
+        for (int q = 0; q < kMaxParts; ++q) {
+          const float wt = exp2f(mq[q] - M);
+          sum += wt * lq[q];
+          o += wt * oq[q];
         }
       }
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const int row = cur_rb * 16 + r, i = row / G, hn = cur_kh * G + row % G;
-#pragma unroll
-      for (int k = 0; k < H / 32; ++k)
-        static_cast<uint16_t*>(p.o)[cur_b * p.o_batch_stride + i * p.o_row_stride + hn * p.o_head_stride + lane +
-                                    32 * k] = to_half_bits<kBf16>(acc[k] * inv);
-      if (lane == 0) p.lse[(int64_t(cur_b) * T + i) * p.num_heads + hn] = sum > 0.f ? (M + log2f(sum)) * kLn2 : -INFINITY;
+      static_cast<uint16_t*>(p.o)[cur_b * p.o_batch_stride + i * p.o_row_stride + hn * p.o_head_stride + d] =
+          to_half_bits<kBf16>(sum > 0.f ? o / sum : 0.f);
+      if (d == 0) p.lse[(int64_t(cur_b) * T + i) * p.num_heads + hn] = sum > 0.f ? (M + log2f(sum)) * kLn2 : -INFINITY;
     }
   };
 
@@ -287,9 +351,12 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
     if (in.done) break;
     if (in.u != cur) {
       if (cur >= 0) flush();
-      // The group's 4 warps all reach this tile: swap in the new unit's query rows.
-      asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(L::kKeyWarps * 32) : "memory");
+      // The group's 4 warps all reach this tile: swap in the new unit's query rows
+      // and take the visit's part slot.
+      group_bar();
       cur = in.u;
+      int slot = 0;
+      if (gt == 0) slot = atomicAdd(st.nparts + cur, 1);
       cur_rb = cur % plan.row_blocks, cur_kh = cur / plan.row_blocks % K, cur_b = cur / (plan.row_blocks * K);
       cur_n = in.n_tiles;
       nt = 0;
@@ -304,7 +371,8 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
         }
         *reinterpret_cast<uint4*>(q_g + r * kPitch + col) = v;
       }
-      asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(L::kKeyWarps * 32) : "memory");
+      if (gt == 0) red_i[0] = slot;
+      group_bar();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = g + 8 * h;
@@ -362,12 +430,12 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
 }
 
 // Shared memory of decode_steal_kernel<H, *>: the ring (1024-aligned), the stage
-// infos, two groups' query rows and the mbarriers.
+// infos, two groups' query rows and merge rows, and the mbarriers.
 template <int H>
 constexpr int steal_smem_bytes() {
   using L = MmaLayout<H, true>;
   return 1024 + L::kStages * L::kTmaStageBytes + L::kStages * int(sizeof(StealInfo)) + 2 * 16 * L::kPitch * 2 +
-         2 * L::kStages * 8;
+         2 * (4 * 16 * (H + 4) + 2 * 4 * 16 + 4) * 4 + 2 * L::kStages * 8;
 }
 
 }  // namespace jaxattn::cuda::decode
