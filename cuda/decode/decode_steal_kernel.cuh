@@ -36,7 +36,10 @@ namespace jaxattn::cuda::decode {
 
 constexpr int kStealClaim = 2;   // tiles an owner claims per atomic
 constexpr int kMinSteal = 4;     // tiles a unit must have left to be stolen from
-constexpr int kMaxSteals = 3;    // steals per unit
+#ifndef JAXATTN_EXP_STEAL_MAX
+#define JAXATTN_EXP_STEAL_MAX 3
+#endif
+constexpr int kMaxSteals = JAXATTN_EXP_STEAL_MAX;  // steals per unit (0: a persistent grid, no steals)
 constexpr int kStealGroups = 2;  // consumer groups of MmaLayout<128, true>
 constexpr int kMaxParts = kStealGroups * (1 + kMaxSteals);
 
@@ -306,12 +309,16 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
       part[r * (H + 2) + 2 + d] = o;
       if (d == 0) part[r * (H + 2)] = M, part[r * (H + 2) + 1] = sum;
     }
-    __threadfence();
+    // Release by one thread after the group barrier (the barrier orders the other
+    // threads' part writes before its fence), acquire likewise.
     group_bar();
-    if (gt == 0) red_i[1] = atomicAdd(st.done + cur, nt) + nt == cur_n;
+    if (gt == 0) {
+      __threadfence();
+      red_i[1] = atomicAdd(st.done + cur, nt) + nt == cur_n;
+      __threadfence();
+    }
     group_bar();
     if (!red_i[1]) return;
-    __threadfence();
     const int np = *reinterpret_cast<volatile int*>(st.nparts + cur);
     const float* base = st.parts + int64_t(cur) * kMaxParts * st.part_rows * (H + 2);
     for (int e = gt; e < rows_here * H; e += L::kKeyWarps * 32) {
