@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* ring = smem + (((ptx::smem_addr(smem) + 1023) & ~1023u) - ptx::smem_addr(smem));
   StealInfo* info = reinterpret_cast<StealInfo*>(ring + kStages * L::kTmaStageBytes);
-  Elem* q_s = reinterpret_cast<Elem*>(info + kStages);  // [2 groups][16][kPitch]
+  Elem* q_st = reinterpret_cast<Elem*>(info + kStages);  // [kStages][16][H]: a visit's query rows
+  Elem* q_s = q_st + kStages * 16 * H;                    // [2 groups][16][kPitch]
   // Per group: the warps' (m, l, o) rows for the group merge, and two ints (the
   // visit's part slot, the completing flag).
   constexpr int kRedFloats = 4 * 16 * (H + 4) + 2 * 4 * 16 + 4;
@@ -123,8 +124,26 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
       }
       return __shfl_sync(~0u, my_id, rel - win_base);
     };
+    // The query rows of the unit being issued (qv) and of the next owned one (nq):
+    // 16 rows x 16 chunks of 16 bytes, 8 per lane; written into the first two stages
+    // of each visit, where each group's first tile of the visit finds them.
+    uint4 qv[8], nq[8];
+    auto load_q = [&](int b, int kh, int rb, uint4 (&dst)[8]) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int c = lane + 32 * k, r = c / 16, col = (c % 16) * 8, row = rb * 16 + r;
+        dst[k] = make_uint4(0, 0, 0, 0);
+        if (row < plan.rows) {
+          const int i = row / G, hn = kh * G + row % G;
+          dst[k] = *reinterpret_cast<const uint4*>(static_cast<const Elem*>(p.q) + b * p.q_batch_stride +
+                                                   i * p.q_row_stride + hn * p.q_head_stride + col);
+        }
+      }
+    };
+    int last_u = -1, q_left = 0;
     auto issue = [&](int u, int b, int kh, int tile, int lo_keys, int len, int n) {
       const int stage = tseq % kStages;
+      if (u != last_u) last_u = u, q_left = 2;
       const int jt = lo_keys / 64 * 64 + tile * 64;
       int row = jt, batch = b;
       if (paged) {
@@ -133,6 +152,12 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
         batch = page_of(b, rel);
       }
       if (tseq >= kStages) hptx::mbar_wait(empty_bar + 8 * stage, ((tseq / kStages) - 1) & 1);
+      if (q_left > 0) {
+        --q_left;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(q_st + stage * 16 * H)[lane + 32 * k] = qv[k];
+        __syncwarp();  // (lane 0's arrive below releases every lane's rows)
+      }
       if (lane == 0) {
         info[stage] = StealInfo{u, jt, len, lo_keys, n, 0, 0, 0};
         const uint32_t dst = ring_base + stage * L::kTmaStageBytes, bar = full_bar + 8 * stage;
@@ -157,6 +182,7 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
       int b, kh, rb, lo_keys, len, n;
       unit_geom(u, b, kh, rb, lo_keys, len, n);
       preload(b, lo_keys);
+      load_q(b, kh, rb, nq);
     }
     while (u < units) {
       int nu = 0;
@@ -164,6 +190,8 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
       int b, kh, rb, lo_keys, len, n;
       unit_geom(u, b, kh, rb, lo_keys, len, n);
       win_b = pre_b, win_base = pre_base, my_id = pre_id;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) qv[k] = nq[k];
       if (n == 0) {  // nothing visible: o = 0, lse = -inf
         const int r0 = rb * 16, rows_here = min(16, plan.rows - r0);
         for (int c = lane; c < rows_here * H; c += 32) {
@@ -192,6 +220,7 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
               int vb, vkh, vrb, vlo, vlen, vn;
               unit_geom(v, vb, vkh, vrb, vlo, vlen, vn);
               preload(vb, vlo);
+              load_q(vb, vkh, vrb, nq);
             }
           }
           nxt = __shfl_sync(~0u, nxt, 0);
@@ -203,6 +232,7 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
         int vb, vkh, vrb, vlo, vlen, vn;
         unit_geom(u, vb, vkh, vrb, vlo, vlen, vn);
         preload(vb, vlo);
+        load_q(vb, vkh, vrb, nq);
       }
     }
     // Steals: the back half of the unit with the most tiles left.
@@ -233,6 +263,7 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
       if (lo < hi) {
         int b, kh, rb, lo_keys, len, n;
         unit_geom(bu, b, kh, rb, lo_keys, len, n);
+        if (bu != last_u) load_q(b, kh, rb, qv);
         for (int t = lo; t < hi; ++t) issue(bu, b, kh, t, lo_keys, len, n);
       }
     }
@@ -275,6 +306,9 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
   int* red_i = reinterpret_cast<int*>(red_l + 4 * 16);  // [0]: the visit's slot, [1]: completes the unit
   const int gt = kw * 32 + lane;                // thread of the group
   auto group_bar = [&]() { asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(L::kKeyWarps * 32) : "memory"); };
+  // Completion of a flushed visit is checked at the next unit change or the end
+  // (thread 0's done add stays in flight meanwhile): pend_* describe it.
+  int cur_slot = 0, pend_done = 0, pend_u = -1, pend_nt = 0, pend_n = 0;
   auto flush = [&]() {
     const int rows_here = min(16, plan.rows - cur_rb * 16);
 #pragma unroll
@@ -289,6 +323,7 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
               make_float2(o_acc[0][d][2 * h], o_acc[0][d][2 * h + 1]);
       }
     }
+    if (gt == 0) red_i[0] = cur_slot;
     group_bar();
     const int slot = red_i[0];
     float* part = st.parts + (int64_t(cur) * kMaxParts + slot) * st.part_rows * (H + 2);
@@ -310,22 +345,36 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
       if (d == 0) part[r * (H + 2)] = M, part[r * (H + 2) + 1] = sum;
     }
     // Release by one thread after the group barrier (the barrier orders the other
-    // threads' part writes before its fence), acquire likewise.
+    // threads' part writes before its fence); the add's answer is read later.
     group_bar();
     if (gt == 0) {
       __threadfence();
-      red_i[1] = atomicAdd(st.done + cur, nt) + nt == cur_n;
-      __threadfence();
+      pend_done = atomicAdd(st.done + cur, nt);
+    }
+    pend_u = cur, pend_nt = nt, pend_n = cur_n;
+  };
+  // The pending visit's completion: the group whose add completed its unit merges
+  // the unit's parts (every part's loads in flight at once) and writes o and lse.
+  auto resolve = [&]() {
+    if (pend_u < 0) return;
+    if (gt == 0) {
+      const bool last = pend_done + pend_nt == pend_n;
+      if (last) __threadfence();  // (acquire: the other parts' writes)
+      red_i[1] = last;
     }
     group_bar();
+    const int u = pend_u;
+    pend_u = -1;
     if (!red_i[1]) return;
-    const int np = *reinterpret_cast<volatile int*>(st.nparts + cur);
-    const float* base = st.parts + int64_t(cur) * kMaxParts * st.part_rows * (H + 2);
+    const int rb = u % plan.row_blocks, kh = u / plan.row_blocks % K, b = u / (plan.row_blocks * K);
+    const int rows_here = min(16, plan.rows - rb * 16);
+    const int np = *reinterpret_cast<volatile int*>(st.nparts + u);
+    const float* base = st.parts + int64_t(u) * kMaxParts * st.part_rows * (H + 2);
     for (int e = gt; e < rows_here * H; e += L::kKeyWarps * 32) {
       const int r = e / H, d = e % H;
       float mq[kMaxParts], lq[kMaxParts], oq[kMaxParts];
 #pragma unroll
-      for (int q = 0; q < kMaxParts; ++q) {  // every part's loads in flight at once
+      for (int q = 0; q < kMaxParts; ++q) {
         const float* pr = base + (q * st.part_rows + r) * (H + 2);
         mq[q] = q < np ? __ldcg(pr) : -INFINITY;
         lq[q] = q < np ? __ldcg(pr + 1) : 0.f;
@@ -343,10 +392,10 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
           o += wt * oq[q];
         }
       }
-      const int row = cur_rb * 16 + r, i = row / G, hn = cur_kh * G + row % G;
-      static_cast<uint16_t*>(p.o)[cur_b * p.o_batch_stride + i * p.o_row_stride + hn * p.o_head_stride + d] =
+      const int row = rb * 16 + r, i = row / G, hn = kh * G + row % G;
+      static_cast<uint16_t*>(p.o)[b * p.o_batch_stride + i * p.o_row_stride + hn * p.o_head_stride + d] =
           to_half_bits<kBf16>(sum > 0.f ? o / sum : 0.f);
-      if (d == 0) p.lse[(int64_t(cur_b) * T + i) * p.num_heads + hn] = sum > 0.f ? (M + log2f(sum)) * kLn2 : -INFINITY;
+      if (d == 0) p.lse[(int64_t(b) * T + i) * p.num_heads + hn] = sum > 0.f ? (M + log2f(sum)) * kLn2 : -INFINITY;
     }
   };
 
@@ -357,28 +406,22 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
     const StealInfo in = info[stage];
     if (in.done) break;
     if (in.u != cur) {
+      resolve();
       if (cur >= 0) flush();
-      // The group's 4 warps all reach this tile: swap in the new unit's query rows
-      // and take the visit's part slot.
+      // The group's 4 warps all reach this tile: copy in the new unit's query rows
+      // (the producer put them in this stage) and take the visit's part slot.
       group_bar();
       cur = in.u;
-      int slot = 0;
-      if (gt == 0) slot = atomicAdd(st.nparts + cur, 1);
+      if (gt == 0) cur_slot = atomicAdd(st.nparts + cur, 1);  // (read at the flush)
       cur_rb = cur % plan.row_blocks, cur_kh = cur / plan.row_blocks % K, cur_b = cur / (plan.row_blocks * K);
       cur_n = in.n_tiles;
       nt = 0;
       const int r0 = cur_rb * 16, rows_here = min(16, plan.rows - r0);
-      for (int c = kw * 32 + lane; c < 16 * L::kChunksPerRow; c += L::kKeyWarps * 32) {
+      for (int c = gt; c < 16 * L::kChunksPerRow; c += L::kKeyWarps * 32) {
         const int r = c / L::kChunksPerRow, col = (c % L::kChunksPerRow) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < rows_here) {
-          const int row = r0 + r, i = row / G, hn = cur_kh * G + row % G;
-          v = *reinterpret_cast<const uint4*>(static_cast<const Elem*>(p.q) + cur_b * p.q_batch_stride +
-                                              i * p.q_row_stride + hn * p.q_head_stride + col);
-        }
-        *reinterpret_cast<uint4*>(q_g + r * kPitch + col) = v;
+        *reinterpret_cast<uint4*>(q_g + r * kPitch + col) =
+            *reinterpret_cast<const uint4*>(q_st + stage * 16 * H + r * H + col);
       }
-      if (gt == 0) red_i[0] = slot;
       group_bar();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -430,7 +473,9 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
     __syncwarp();
     if (lane == 0) hptx::mbar_arrive(empty_bar + 8 * stage);
   }
+  resolve();
   if (cur >= 0) flush();
+  resolve();
 #else
   __trap();
 #endif
@@ -441,7 +486,8 @@ __global__ void __launch_bounds__(MmaLayout<H, true>::kThreads)
 template <int H>
 constexpr int steal_smem_bytes() {
   using L = MmaLayout<H, true>;
-  return 1024 + L::kStages * L::kTmaStageBytes + L::kStages * int(sizeof(StealInfo)) + 2 * 16 * L::kPitch * 2 +
+  return 1024 + L::kStages * L::kTmaStageBytes + L::kStages * int(sizeof(StealInfo)) + L::kStages * 16 * H * 2 +
+         2 * 16 * L::kPitch * 2 +
          2 * (4 * 16 * (H + 4) + 2 * 4 * 16 + 4) * 4 + 2 * L::kStages * 8;
 }
 
