@@ -5,9 +5,6 @@
 #include <atomic>
 
 #include "decode/decode_mma_kernel.cuh"
-#ifdef JAXATTN_EXP_DECODE_STEAL
-#include "decode/decode_steal_kernel.cuh"
-#endif
 #include "decode/launch_decode.h"
 #include "sm90/tma_descriptors.cuh"
 
@@ -262,72 +259,6 @@ LaunchStatus launch_plan(const AttnParams& p, const DecodePlan& plan, const deco
   return decode::launch_combine(p, plan, stream);
 }
 
-#ifdef JAXATTN_EXP_DECODE_STEAL
-// Experiment (session 21): decode_steal_kernel on the drift loop's plan and tensor
-// maps: one CTA per SM, work shared through a StealState in a lazily allocated
-// buffer of two copies (each call zeroes the one the next call uses). Allocation
-// and its memset synchronise: the checker's timing only, never a captured call.
-template <bool kBf16>
-LaunchStatus launch_steal(const AttnParams& p, const DecodePlan& plan, const decode::DecodeTma& tma,
-                          cudaStream_t stream) {
-  constexpr int H = 128;
-  using L = decode::MmaLayout<H, true>;
-  static int* ints[kMaxDevices];
-  static int64_t ints_copy[kMaxDevices];
-  static float* parts[kMaxDevices];
-  static int64_t parts_n[kMaxDevices];
-  static int parity[kMaxDevices];
-  static bool attr_set[kMaxDevices];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
-  dev = std::min(std::max(dev, 0), kMaxDevices - 1);
-  const int units = p.batch * p.num_heads_k * plan.row_blocks;
-  const int64_t copy = (5 * int64_t(units) + 8 + 63) / 64 * 64;  // ints per copy (word: 2 per unit)
-  if (ints_copy[dev] < copy) {
-    if (ints[dev]) cudaFree(ints[dev]);
-    if (cudaError_t e = cudaMalloc(&ints[dev], 2 * copy * 4); e != cudaSuccess) return {e, "steal state"};
-    cudaMemset(ints[dev], 0, 2 * copy * 4);
-    ints_copy[dev] = copy;
-  }
-  const int part_rows = std::min(16, plan.rows);
-  const int64_t need = int64_t(units) * decode::kMaxParts * part_rows * (H + 2);
-  if (parts_n[dev] < need) {
-    if (parts[dev]) cudaFree(parts[dev]);
-    if (cudaError_t e = cudaMalloc(&parts[dev], need * 4); e != cudaSuccess) return {e, "steal parts"};
-    parts_n[dev] = need;
-  }
-  auto kernel = decode::decode_steal_kernel<H, kBf16>;
-  constexpr int smem = decode::steal_smem_bytes<H>();
-  if (!attr_set[dev]) {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess)
-      return {e, "steal smem"};
-    attr_set[dev] = true;
-  }
-  const int c = parity[dev];
-  parity[dev] ^= 1;
-  int* base = ints[dev] + c * ints_copy[dev];
-  decode::StealState st{};
-  const int64_t cp = ints_copy[dev];
-  (void)cp;
-  st.word = reinterpret_cast<unsigned long long*>(base);
-  st.done = base + 2 * units;
-  st.nparts = st.done + units;
-  st.steals = st.nparts + units;
-  st.next_unit = st.steals + units;
-  st.zero = ints[dev] + (1 - c) * ints_copy[dev];
-  st.zero_ints = int(ints_copy[dev]);
-  st.parts = parts[dev];
-  st.part_rows = part_rows;
-  cudaLaunchAttribute attrs[2];
-  cudaLaunchConfig_t cfg = launch_config<H, true>(dim3(decode::device_sms(), 1, 1), 1, plan.pdl, stream, attrs);
-  cfg.dynamicSmemBytes = smem;
-  if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p, plan, tma, st); e != cudaSuccess)
-    return {e, "decode_steal_kernel"};
-  (void)L::kThreads;
-  return {};
-}
-#endif
-
 // The plan of the cp.async loop (resident CTAs from its own layout); *per_sm < 0
 // when its shared memory does not fit this device (version 1 runs instead).
 template <int H, bool kBf16>
@@ -346,12 +277,8 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
   decode::DecodeTma tma{};
   if constexpr (H == 128) {  // (the drift loop's layout exists at H=128 only)
     DecodePlan plan{};
-    if ((variant & kV2Drift) && drift_plan<H, kBf16>(p, forced_chunk, variant, &plan, &tma, &err)) {
-#ifdef JAXATTN_EXP_DECODE_STEAL
-      if (forced_chunk == 0) return launch_steal<kBf16>(p, plan, tma, stream);
-#endif
+    if ((variant & kV2Drift) && drift_plan<H, kBf16>(p, forced_chunk, variant, &plan, &tma, &err))
       return launch_plan<H, kBf16, true>(p, plan, tma, stream);
-    }
     if (err != cudaSuccess) return {err, "decode_mma_kernel (drift loop: shared-memory attribute)"};
   }
   int per_sm = 0;
