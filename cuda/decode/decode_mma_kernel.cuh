@@ -61,7 +61,7 @@ namespace jaxattn::cuda::decode {
 
 // Tile shape and ring depth per head dim: >= 2 CTAs per SM where shared
 // memory allows, ~64 KB+ of loads in flight per SM. kDriftLoop: the drift
-// loop's layout (below; H=128 only), kGroups > 1.
+// loop's layout (below; H=128 only).
 template <int H, bool kDriftLoop = false>
 struct MmaConfig;
 template <>
@@ -78,9 +78,16 @@ struct MmaConfig<128> {
 #ifndef JAXATTN_EXP_DECODE_DRIFT_STAGES
 #define JAXATTN_EXP_DECODE_DRIFT_STAGES 4
 #endif
+// JAXATTN_EXP_DECODE_DRIFT_GROUPS overrides the groups (1: one group of 4 consumer warps
+// on every tile; with 3 stages (~104 KB) two CTAs fit per SM, so the plan splits the
+// short rows in 2-CTA clusters: session 21's prepared build).
+#ifndef JAXATTN_EXP_DECODE_DRIFT_GROUPS
+#define JAXATTN_EXP_DECODE_DRIFT_GROUPS 2
+#endif
 template <>
 struct MmaConfig<128, true> {
-  static constexpr int kBlockN = 64, kStages = JAXATTN_EXP_DECODE_DRIFT_STAGES, kGroups = 2;
+  static constexpr int kBlockN = 64, kStages = JAXATTN_EXP_DECODE_DRIFT_STAGES,
+                       kGroups = JAXATTN_EXP_DECODE_DRIFT_GROUPS;
 };
 template <>
 struct MmaConfig<256> {
@@ -101,7 +108,7 @@ struct MmaLayout {
   // meet at a barrier every tile is compute-bound (session 19 runs 4-5: 56-73%);
   // here the two groups drift apart, as two CTAs per SM do.
   static constexpr int kGroups = Config::kGroups;
-  static constexpr bool kDrift = kGroups > 1;
+  static constexpr bool kDrift = kDriftLoop;
   // Each group must see its own stages in order (stage = tile % kStages): with an
   // odd ring, a group could pass a stage's parity wait one phase early.
   static_assert(kStages % kGroups == 0, "drift ring depth: a multiple of the groups");
