@@ -4,8 +4,9 @@
 # because ptxas scheduled the V fragments' ldmatrix differently).
 #
 # Builds tests/cuda/decode_check.cu several ways for sm_90 -- plain, with each
-# entry of $EXPS (experiment macros, e.g. EXPS="JAXATTN_EXP_X JAXATTN_EXP_X+JAXATTN_EXP_Y";
-# A+B defines both; default: none), and the
+# entry of $EXPS (experiment macros, e.g. EXPS="JAXATTN_EXP_X JAXATTN_EXP_X+JAXATTN_EXP_Y=3";
+# A+B defines both, A=v gives a value; the build's folder is the entry with '=' and
+# '+' as '_'; default: none), and the
 # timeline build (-DJAXATTN_DECODE_TIMELINE) -- then, on a GPU, times the issue-9
 # rows (decode_check --row: the default column first) with every build, and runs
 # the float64 checker (--fast --no-bench) on each experiment build.
@@ -21,8 +22,11 @@ B=${BUILD:-build/decode_ab}
 EXPS=${EXPS:-}
 ROWS=${ROWS:-"64 4096;16 16384;16 4096"}
 FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -Icuda -Itests/cuda -gencode arch=compute_90,code=sm_90)
+# A build's folder: its EXPS entry with '=' and '+' as '_' (entries may set values:
+# JAXATTN_EXP_A=1+JAXATTN_EXP_B=3).
+dir_of() { local d=${1//=/_}; echo "${d//+/_}"; }
 names=(plain)
-for e in $EXPS; do names+=("$e"); done
+for e in $EXPS; do names+=("$(dir_of "$e")"); done
 [ "${TIMELINE:-1}" = 1 ] && names+=(timeline)
 build_one() {  # name, extra flags...
   local name=$1; shift
@@ -35,7 +39,7 @@ build_one() {  # name, extra flags...
 }
 if [ "${RUN_ONLY:-0}" != 1 ]; then
   build_one plain
-  for e in $EXPS; do build_one "$e" $(printf -- '-D%s ' ${e//+/ }); done
+  for e in $EXPS; do build_one "$(dir_of "$e")" $(printf -- '-D%s ' ${e//+/ }); done
   [ "${TIMELINE:-1}" = 1 ] && build_one timeline -DJAXATTN_DECODE_TIMELINE
 fi
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0
@@ -48,6 +52,7 @@ for row in "${rows[@]}"; do
 done | tee "$OUT/decode_ab_rows.txt"
 [ "${CHECK:-1}" = 1 ] || exit 0  # CHECK=0: timing-only experiment builds (no float64 check)
 for e in ${CHECK_EXPS:-$EXPS}; do  # CHECK_EXPS: the builds to check (default: every one)
-  timeout 200 "$B/$e/decode_check" --fast --no-bench >"$OUT/decode_ab_check_$e.txt" 2>&1 || true
-  echo "float64 $e: $(grep -c '^ok' "$OUT/decode_ab_check_$e.txt") ok, $(grep -c FAIL "$OUT/decode_ab_check_$e.txt") FAIL"
+  d=$(dir_of "$e")
+  timeout 300 "$B/$d/decode_check" --fast --no-bench >"$OUT/decode_ab_check_$d.txt" 2>&1 || true
+  echo "float64 $d: $(grep -c '^ok' "$OUT/decode_ab_check_$d.txt") ok, $(grep -c FAIL "$OUT/decode_ab_check_$d.txt") FAIL"
 done
