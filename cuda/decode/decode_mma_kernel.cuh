@@ -79,7 +79,7 @@ struct MmaConfig<128> {
 #define JAXATTN_EXP_DECODE_DRIFT_STAGES 4
 #endif
 // JAXATTN_EXP_DECODE_DRIFT_GROUPS overrides the groups (1: one group of 4 consumer warps
-// on every tile; with 3 stages (~104 KB) two CTAs fit per SM, so the plan splits the
+// on every tile; with 3 stages (~106 KB) two CTAs fit per SM, so the plan splits the
 // short rows in 2-CTA clusters: session 21's prepared build).
 #ifndef JAXATTN_EXP_DECODE_DRIFT_GROUPS
 #define JAXATTN_EXP_DECODE_DRIFT_GROUPS 2
