@@ -11,7 +11,7 @@
 //  2. streams 2 MB per CTA (16-byte loads, 16 in flight per thread, 256 threads, one
 //     CTA per SM through its shared-memory request) with 128 and with 132 CTAs, and
 //     prints each CTA's time by SM, then the mean per GPC with its count of busy SMs.
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 tests/cuda/gpc_probe.cu -o gpc_probe
+//   nvcc -O3 -std=c++17 -Icuda -Itests/cuda -gencode arch=compute_90,code=sm_90 tests/cuda/gpc_probe.cu -o gpc_probe
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,14 +20,7 @@
 #include <map>
 #include <vector>
 
-#define CK(x)                                                                             \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      return 1;                                                                           \
-    }                                                                                     \
-  } while (0)
+#include "cuda_check.h"
 
 __device__ unsigned smid() {
   unsigned s;
@@ -84,11 +77,11 @@ __global__ void stream_kernel(const uint4* src, size_t per_cta_vec, unsigned lon
 
 int main() {
   int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   // 1. SM -> GPC (cluster) map.
-  CK(cudaFuncSetAttribute(map_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CUDA_CHECK(cudaFuncSetAttribute(map_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   const int map_smem = 150 * 1024;  // one CTA per SM, so a cluster of 16 spans 16 SMs of one GPC
-  CK(cudaFuncSetAttribute(map_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, map_smem));
+  CUDA_CHECK(cudaFuncSetAttribute(map_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, map_smem));
   std::map<int, int> gpc_of;  // sm -> group id
   for (int cs : {16, 8}) {
     cudaLaunchConfig_t cfg{};
@@ -108,11 +101,11 @@ int main() {
     // One CTA per SM (the shared-memory request); clusters * cs <= sms: one wave.
     cfg.gridDim = dim3(clusters * cs);
     int* d = nullptr;
-    CK(cudaMalloc(&d, clusters * cs * 2 * sizeof(int)));
-    CK(cudaLaunchKernelEx(&cfg, map_kernel, d));
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMalloc(&d, clusters * cs * 2 * sizeof(int)));
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, map_kernel, d));
+    CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<int> h(clusters * cs * 2);
-    CK(cudaMemcpy(h.data(), d, h.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h.data(), d, h.size() * sizeof(int), cudaMemcpyDeviceToHost));
     cudaFree(d);
     std::map<int, std::vector<int>> by_cluster;
     for (int i = 0; i < clusters * cs; ++i) by_cluster[h[2 * i + 1]].push_back(h[2 * i]);
@@ -132,17 +125,17 @@ int main() {
   uint4* src = nullptr;
   float* sink = nullptr;
   unsigned long long* rec = nullptr;
-  CK(cudaMalloc(&src, per * sms));
-  CK(cudaMemset(src, 1, per * sms));
-  CK(cudaMalloc(&sink, 4));
-  CK(cudaMalloc(&rec, 3 * sms * sizeof(unsigned long long)));
+  CUDA_CHECK(cudaMalloc(&src, per * sms));
+  CUDA_CHECK(cudaMemset(src, 1, per * sms));
+  CUDA_CHECK(cudaMalloc(&sink, 4));
+  CUDA_CHECK(cudaMalloc(&rec, 3 * sms * sizeof(unsigned long long)));
   const int smem = 150 * 1024;
-  CK(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CUDA_CHECK(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   for (int ctas : {128, 132, 128, 132}) {
     for (int warm = 0; warm < 3; ++warm) stream_kernel<<<ctas, 256, smem>>>(src, vec, rec, sink);
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<unsigned long long> h(3 * ctas);
-    CK(cudaMemcpy(h.data(), rec, h.size() * 8, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h.data(), rec, h.size() * 8, cudaMemcpyDeviceToHost));
     unsigned long long s0 = ~0ull, e1 = 0;
     std::map<int, std::pair<double, int>> per_gpc;  // group -> (sum us, busy SMs)
     std::vector<std::pair<double, int>> t;  // (us, sm)
