@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "common/doc_tiles.h"
 #include "ffi_bindings.h"
 #include "ffi_params.h"
 #include "launch.h"
@@ -62,7 +63,8 @@ static ffi::Error cuda_fwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
                            ffi::Buffer<ffi::S32> kv_seg,
                            ffi::Buffer<ffi::S32> q_seg_ranges, ffi::Buffer<ffi::S32> kv_seg_ranges,
                            ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::PRED> mask,
-                           bool has_segments, bool has_bias, bool has_mask, bool has_lengths, bool portable_only) {
+                           bool has_segments, bool has_bias, bool has_mask, bool has_lengths, bool portable_only,
+                           ffi::Result<ffi::Buffer<ffi::S32>> doc_tiles) {
   AttnParams p;
   if (auto e = fill_forward(p, q, k, v, *o, *lse, scale, is_causal); e.failure()) return e;
   if (auto e = fill_mask_args(p, q_lengths, kv_lengths, window_left, window_right, softcap, q_seg, kv_seg,
@@ -71,6 +73,14 @@ static ffi::Error cuda_fwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
       e.failure())
     return e;
   if (auto e = check_cuda_supported(p); e.failure()) return e;
+  // Workspace of the document tiles (common/doc_tiles.h): [..., doc_tile_ints(T)]
+  // int32 with segment ids and T == S, else a placeholder [1] the kernels never see.
+  if (p.q_segment_ids && p.seqlen_q == p.seqlen_k) {
+    const int64_t want = static_cast<int64_t>(p.batch) * cuda::doc_tile_ints(p.seqlen_q);
+    if (static_cast<int64_t>(doc_tiles->element_count()) != want)
+      return invalid("doc_tiles workspace must hold batch * doc_tile_ints(T) int32");
+    p.doc_tiles = doc_tiles->typed_data();
+  }
   return to_ffi_error(launch_forward(p, stream, portable_only));
 }
 
@@ -132,7 +142,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxattnCudaFwd, jaxattn::cuda_fwd,
     jaxattn::bind_mask_args(jaxattn::bind_options(jaxattn::bind_forward_buffers(
                                 xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>())))
-        .Attr<bool>("portable_only"),  // skip the Hopper kernel
+        .Attr<bool>("portable_only")  // skip the Hopper kernel
+        .Ret<xla::ffi::Buffer<xla::ffi::S32>>(),  // doc_tiles (workspace)
     {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(

@@ -24,15 +24,27 @@ def _attrs(scale: float, is_causal: bool) -> dict:
     return {"scale": np.float32(scale), "is_causal": bool(is_causal)}
 
 
-def _forward(target: str, q, k, v, scale: float, is_causal: bool, *operands, **extra):
+def _forward(target: str, q, k, v, scale: float, is_causal: bool, *operands, workspace=(), **extra):
+    """(out, lse, *workspace) of a forward ffi_call (`workspace`: the types of extra outputs)."""
     register_targets()
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32),
-    )
-    return jax.ffi.ffi_call(target, out_types, vmap_method=_VMAP)(
+    ) + tuple(workspace)
+    return tuple(jax.ffi.ffi_call(target, out_types, vmap_method=_VMAP)(
         q, k, v, *operands, **_attrs(scale, is_causal), **extra
-    )
+    ))
+
+
+# Rows per document tile of the Hopper forward and the slots per row
+# (kDocTileRows, doc_tile_capacity in cuda/common/doc_tiles.h).
+DOC_TILE_ROWS = 128
+
+
+def doc_tile_ints(T: int) -> int:
+    """int32 per batch row of the document tiles' workspace (cuda/common/doc_tiles.h)."""
+    m = -(-T // DOC_TILE_ROWS)
+    return 4 * (m + m // 4 + 4 + 1)
 
 
 # Items per entry of the segment-id (min, max) tables (cuda/common/params.h kSegmentBlock).
@@ -99,18 +111,28 @@ def cpu_forward(q, k, v, q_lengths=None, kv_lengths=None, q_segment_ids=None, kv
     """(out, lse) from the C++ CPU kernel."""
     operands, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids,
                                      kv_segment_ids, bias, mask)
-    return _forward("jaxattn_cpu_fwd", q, k, v, scale, is_causal, *operands, **attrs)
+    return _forward("jaxattn_cpu_fwd", q, k, v, scale, is_causal, *operands, **attrs)[:2]
 
 
 def cuda_forward(q, k, v, q_lengths=None, kv_lengths=None, q_segment_ids=None, kv_segment_ids=None, bias=None,
-                 mask=None, *, scale: float, is_causal: bool, window=None, softcap=None, portable_only: bool = False):
+                 mask=None, *, scale: float, is_causal: bool, window=None, softcap=None, portable_only: bool = False,
+                 return_doc_tiles: bool = False):
     """(out, lse) from the CUDA kernels: the Hopper one where it covers the call,
     else the portable one (always the portable one with `portable_only`, and
-    for masked calls: window, lengths, segments, soft cap, dense bias and mask)."""
+    for dense bias and mask). With `return_doc_tiles` (tests) also the document
+    tiles' workspace, int32 [..., doc_tile_ints(T)] (cuda/common/doc_tiles.h:
+    per row a header {count, 0, 0, 0}, count -1 for the usual tiles, then
+    records {row0, row_end, ds, de}): written by the Hopper forward only, and
+    only for segment ids with T == S (else unwritten, or a placeholder [1])."""
     operands, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids,
                                      kv_segment_ids, bias, mask)
-    return _forward("jaxattn_cuda_fwd", q, k, v, scale, is_causal, *operands, portable_only=bool(portable_only),
-                    **attrs)
+    # The document tiles' workspace (packed documents: segment ids with T == S).
+    T = q.shape[-3]
+    docs = q_segment_ids is not None and T == k.shape[-3]
+    doc_tiles = jax.ShapeDtypeStruct(q.shape[:-3] + (doc_tile_ints(T),) if docs else (1,), jnp.int32)
+    out, lse, tiles = _forward("jaxattn_cuda_fwd", q, k, v, scale, is_causal, *operands, workspace=(doc_tiles,),
+                               portable_only=bool(portable_only), **attrs)
+    return (out, lse, tiles) if return_doc_tiles else (out, lse)
 
 
 def cuda_sm80_forward(q, k, v, *masks, **kwargs):

@@ -211,3 +211,111 @@ def test_deterministic_masked_gradients_are_identical_bits():
     for _ in range(5):
         for a, b in zip(first, f(q, k, v)):
             np.testing.assert_array_equal(a, np.asarray(b).view(np.uint16))
+
+
+# ---- document tiles of the Hopper forward (cuda/common/doc_tiles.h) ----------------
+def _documents(B, T, rng, lo, hi, pad=0, pad_id=-1):
+    """Sorted ids of documents of lo..hi tokens packed back to back, then `pad`
+    positions of padding with an id of its own (int32 [B, T])."""
+    ids = _packed(B, T - pad, rng, lo, hi)
+    return np.concatenate([ids, np.full((B, pad), pad_id, np.int32)], 1)
+
+
+# name: (T, shortest and longest document, padding, qualifies, options)
+DOC_CASES = {
+    "causal": (1000, 60, 400, 0, True, dict(is_causal=True)),
+    "full": (1000, 60, 400, 0, True, {}),
+    "aligned_causal": (1024, 128, 128, 0, True, dict(is_causal=True)),
+    "padded_causal": (777, 100, 300, 77, True, dict(is_causal=True)),
+    "padding_id_0": (700, 90, 200, 50, True, dict(is_causal=True, pad_id=0, first_id=1)),
+    "window_gqa": (1000, 60, 400, 0, True, dict(is_causal=True, window=(150, 0), K=1)),
+    "window_both": (900, 200, 500, 0, True, dict(window=(100, 60))),
+    "lengths_softcap": (1000, 128, 256, 0, True, dict(is_causal=True, ql=[900, 1000], kl=[1000, 640],
+                                                      softcap=20.0)),
+    "tiny_documents": (700, 1, 12, 0, False, dict(is_causal=True)),  # more tiles than slots: the usual tiles
+}
+
+
+def _doc_case(case):
+    T, lo, hi, pad, qualifies, kw = DOC_CASES[case]
+    kw = dict(kw)
+    K = kw.pop("K", 2)
+    pad_id, first = kw.pop("pad_id", -1), kw.pop("first_id", 0)
+    ids = _documents(2, T, np.random.default_rng(len(case) + T), lo, hi, pad, pad_id)
+    ids = np.where(np.arange(T) < T - pad, ids + first, ids).astype(np.int32)
+    return T, K, ids, qualifies, kw
+
+
+def _doc_tiles(ids, is_causal, H=128):
+    """The document tiles' workspace the Hopper forward writes for these ids."""
+    from jaxattn import _ffi_calls
+    B, T = ids.shape
+    q, k, v = random_inputs((B, T, 2, H), (B, T, 2, H), jnp.bfloat16)
+    seg = jnp.asarray(ids)
+    _, _, tiles = jax.jit(lambda q, k, v, s: _ffi_calls.cuda_forward(
+        q, k, v, q_segment_ids=s, kv_segment_ids=s, scale=0.1, is_causal=is_causal, return_doc_tiles=True))(
+            q, k, v, seg)
+    return np.asarray(tiles).reshape(B, -1, 4)
+
+
+def _hopper():
+    from test_masks import hopper_built
+    return jaxattn.dispatch._compute_capability() == (9, 0) and hopper_built()
+
+
+@pytest.mark.parametrize("case", sorted(DOC_CASES))
+def test_document_tiles_cover_the_documents(case):
+    """On the Hopper forward, qualifying rows get tiles that lie inside one document
+    each, cover every row once, start at kDocTileRows multiples from their document's
+    start, and come longest first; the other rows (count -1) keep the usual tiles."""
+    if not _hopper():
+        pytest.skip("document tiles are the Hopper forward's")
+    T, _, ids, qualifies, kw = _doc_case(case)
+    causal = kw.get("is_causal", False)
+    tiles = _doc_tiles(ids, causal)
+    for b in range(ids.shape[0]):
+        count = int(tiles[b, 0, 0])
+        if not qualifies:
+            assert count == -1
+            continue
+        assert count > 0
+        rec = tiles[b, 1:1 + count]
+        assert len(rec) == count
+        covered = np.zeros(T, int)
+        for row0, row_end, ds, de in rec:
+            assert 0 <= ds <= row0 < row_end <= de <= T and row_end - row0 <= 128 and (row0 - ds) % 128 == 0
+            assert np.all(ids[b, ds:de] == ids[b, row0])  # one document, and all of it
+            assert (ds == 0 or ids[b, ds - 1] != ids[b, ds]) and (de == T or ids[b, de] != ids[b, de - 1])
+            covered[row0:row_end] += 1
+        np.testing.assert_array_equal(covered, 1)
+        work = -(-((rec[:, 1] if causal else rec[:, 3]) - rec[:, 2]) // 128)
+        assert np.all(np.diff(work) <= 0), "longest first"
+
+
+@pytest.mark.parametrize("case", sorted(DOC_CASES))
+@pytest.mark.parametrize("H,dtype", [(64, jnp.bfloat16), (128, jnp.float16), (256, jnp.bfloat16)])
+def test_document_tiles(case, H, dtype):
+    """Packed documents on document tiles (and rows that do not qualify on the usual
+    ones) against the float64 reference, forward (outputs poisoned first) and
+    gradients: x causal, x window, x lengths, x soft cap, x GQA, padding ids."""
+    T, K, ids, _, kw = _doc_case(case)
+    segs = (ids, ids)
+    check_forward("cuda", 2, T, T, 4, K, H, dtype, segs=segs, **kw)
+    if H == 128:
+        check_backward("cuda", 2, T, T, 4, K, H, dtype, segs=segs, **kw)
+
+
+def test_document_tiles_fall_back():
+    """Ids that are not one run per document, different query and key ids, and
+    T != S run the usual tiles (count -1, or no workspace) and stay exact."""
+    rng = np.random.default_rng(3)
+    T = 640
+    docs = _documents(2, T, rng, 50, 200)
+    repeated = np.where(np.arange(T) >= T - 100, 0, docs).astype(np.int32)  # id 0 twice: two runs
+    if _hopper():
+        assert np.all(_doc_tiles(repeated, True)[:, 0, 0] == -1)
+    check_forward("cuda", 2, T, T, 4, 2, 128, jnp.bfloat16, segs=(repeated, repeated), is_causal=True)
+    other = _documents(2, T, rng, 50, 200)
+    check_forward("cuda", 2, T, T, 4, 2, 128, jnp.bfloat16, segs=(docs, other), is_causal=True)
+    check_forward("cuda", 2, T, T + 33, 4, 2, 64, jnp.bfloat16,
+                  segs=(docs, _documents(2, T + 33, rng, 50, 200)))

@@ -103,6 +103,10 @@ struct AttnParams {
   // of kDqSemaphoreRows query rows), which the launcher zeroes. Null otherwise.
   bool deterministic = false;
   int32_t* dq_semaphore = nullptr;  // [B, N, ceil(T / kDqSemaphoreRows)]
+  // Forward with segment ids, T == S: the document tiles' workspace, int32 [B,
+  // doc_tile_ints(T)] (common/doc_tiles.h), or null. The Hopper forward fills it
+  // and reads it back; the other kernels ignore it.
+  int32_t* doc_tiles = nullptr;
 
   // ==== decode: attention over a KV cache (jaxattn.decode_attention) =====
   // Set only by the decode handlers (bindings/decode_params.h); the flash

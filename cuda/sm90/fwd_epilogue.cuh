@@ -2,7 +2,10 @@
 // sums, convert to 16 bits, write it into this warpgroup's own 64 rows of the Q
 // tile in shared memory (same 128B-swizzled chunk layout, so the writes are free of
 // bank conflicts), then one thread stores it with TMA (rows >= T are clipped by the
-// tensor map). lse goes straight from registers.
+// tensor map). lse goes straight from registers. kShortTiles (the masked kernels,
+// whose document tiles may end before T inside a warpgroup's 64 rows, where the next
+// tile's rows begin): such a warpgroup copies its rows below row_end from shared
+// memory with 16-byte stores instead.
 #pragma once
 
 #include <cuda.h>
@@ -24,6 +27,7 @@ struct FwdEpilogue {
 
   // Requires: this warpgroup's wgmma reads of Q are complete (true after the main loop;
   // with Tr::kSeparateO the Q tile is not touched).
+  template <bool kShortTiles = false>
   __device__ static void store(float (&o)[kHeadDim / 2], OnlineSoftmax<Tr::kBlockN>& softmax,
                                const CUtensorMap* tm_o, const FwdSmem<Tr>& sm, const FwdTile& tile,
                                const FwdArgs& args, int wg, int tid) {
@@ -47,23 +51,37 @@ struct FwdEpilogue {
     store_acc_sw128<Elem, kHeadDim>(o, inv_sum, rows, kBlockM * 128, warp * 16 + g, t);
     hptx::fence_proxy_async_smem();
     hptx::named_bar_sync(1 + wg, 128);
-    const int wg_row0 = tile.m_block * kBlockM + wg * 64;
-    if (tid == 0 && wg_row0 < args.seqlen_q) {
+    const int wg_row0 = (kShortTiles ? tile.row0 : tile.m_block * kBlockM) + wg * 64;
+    const int row_end = kShortTiles ? tile.row_end : args.seqlen_q;
+    const int wg_rows = row_end - wg_row0;  // this warpgroup's rows in the tile (clipped to 64 by TMA)
+    const bool by_tma = !kShortTiles || wg_rows >= 64 || row_end >= args.seqlen_q;
+    if (by_tma && tid == 0 && wg_rows > 0) {
 #pragma unroll
       for (int c = 0; c < Tr::kChunks; ++c)
         hptx::tma_store_5d(tm_o, rows + c * kBlockM * 128, 0, wg_row0, c, tile.head, tile.batch);
       hptx::bulk_commit();
+    }
+    if constexpr (kShortTiles) {
+      if (!by_tma && wg_rows > 0) {  // row r, chunk c, 16-byte unit u (stored at unit u ^ r % 8)
+        const AttnParams& p = args.attn;
+        Elem* out = static_cast<Elem*>(p.o) + tile.batch * p.o_batch_stride + tile.head * p.o_head_stride;
+        for (int i = tid; i < wg_rows * Tr::kChunks * 8; i += 128) {
+          const int u = i % 8, c = (i / 8) % Tr::kChunks, r = i / (8 * Tr::kChunks);
+          const uint4 x = ptx::ld_shared_u32x4(rows + c * kBlockM * 128 + r * 128 + ((u ^ (r % 8)) * 16));
+          *reinterpret_cast<uint4*>(out + (wg_row0 + r) * p.o_row_stride + c * 64 + u * 8) = x;
+        }
+      }
     }
 
     if (t == 0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = wg_row0 + warp * 16 + g + 8 * h;
-        if (row < args.seqlen_q)
+        if (row < row_end)
           args.lse[((int64_t)tile.batch * args.seqlen_q + row) * args.num_heads + tile.head] = lse[h];
       }
     }
-    if (!Tr::kSeparateO && tid == 0 && wg_row0 < args.seqlen_q) hptx::bulk_wait_read0();  // smem must outlive the copy
+    if (!Tr::kSeparateO && tid == 0 && by_tma && wg_rows > 0) hptx::bulk_wait_read0();  // smem must outlive the copy
   }
 
   // After a CTA's last store() (with the O buffer: it must outlive its last copy).

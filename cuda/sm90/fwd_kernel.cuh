@@ -29,21 +29,37 @@ struct FwdParams {
   FwdArgs args;
 };
 
-// Masked instantiations (window, lengths, segments, soft cap; non-persistent grid):
-// the tile's key blocks narrowed to what some row of the tile may see. Every thread
+// Masked instantiations (window, lengths, segments, soft cap; non-persistent grid of
+// tile slots, fwd_masked_tile_from_block): the tile's key blocks narrowed to what
+// some row of the tile may see. Every thread
 // builds the MaskView in registers and finds the range itself (with range tables:
 // one round of loads per warp, no barrier), so nothing waits on one thread before
 // the kernel's first barrier; warp 1 (idle in the producer warpgroup) publishes the
 // view in `shared` for the consumers. (Session 7: thread 0 building it, then a
 // barrier, then the range, then another barrier cost ~10% of a short-document
 // forward.) `red`: the exact scan's scratch (no range tables).
+// A document tile (doc; common/doc_tiles.h) lies inside document doc_keys = [ds, de):
+// its view drops the segment ids (every key it visits has its rows' id) and ends the
+// keys at de, and its key blocks start at its first visible key, not at a multiple
+// of kBlockN, so they line up with the tile's rows as in a document alone.
 template <class Tr>
-__device__ __forceinline__ void fwd_mask_tile(FwdTile& tile, const FwdArgs& a, MaskView& shared, int* red) {
-  const MaskView view = MaskView::of(a.attn, tile.batch);
+__device__ __forceinline__ void fwd_mask_tile(FwdTile& tile, const FwdArgs& a, MaskView& shared, int* red, bool doc,
+                                              int2 doc_keys) {
+  MaskView view = MaskView::of(a.attn, tile.batch);
+  if (doc) {
+    view.q_seg = view.kv_seg = nullptr;
+    view.q_seg_ranges = view.kv_seg_ranges = nullptr;
+    view.kv_len = min(view.kv_len, doc_keys.y);
+    const int2 r = view.key_range(tile.row0, tile.row_end);
+    tile.key0 = max(r.x, doc_keys.x);
+    tile.n_begin = 0;
+    tile.n_blocks = r.y > tile.key0 ? (r.y - tile.key0 + Tr::kBlockN - 1) / Tr::kBlockN : 0;
+  } else {
+    const int2 blocks = cta_key_blocks<Tr::kBlockM, Tr::kBlockN>(view, tile.row0, red);
+    tile.n_begin = blocks.x;
+    tile.n_blocks = blocks.y;
+  }
   if (threadIdx.x == 32) shared = view;
-  const int2 blocks = cta_key_blocks<Tr::kBlockM, Tr::kBlockN>(view, tile.m_block * Tr::kBlockM, red);
-  tile.n_begin = blocks.x;
-  tile.n_blocks = blocks.y;
 }
 
 // kPersistent: a 1-D grid of at most one CTA per SM; CTA c runs tiles c, c + grid,
@@ -83,12 +99,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
   __shared__ int mask_red[2];
   FwdTile tile{};
   if constexpr (!kPersistent) {
-    tile = fwd_tile_from_block<Tr, kCausal>(args);
     if constexpr (kMasked) {
+      bool doc = false;
+      int2 doc_keys;
+      // (uniform: a slot past the row's document tiles has nothing to do)
+      if (!fwd_masked_tile_from_block<Tr, kCausal>(args, tile, doc, doc_keys)) return;
       // Q does not depend on the key range: its load goes out first, so its latency
       // and the range's (the segment-id range-table loads) overlap instead of adding up.
-      if (threadIdx.x == 0) FwdMainloop<Tr>::load_q(&params.tm_q, sm, tile);
-      fwd_mask_tile<Tr>(tile, args, mask_view, mask_red);
+      if (threadIdx.x == 0) FwdMainloop<Tr>::load_q(&params.tm_q, sm, tile, tile.row0);
+      fwd_mask_tile<Tr>(tile, args, mask_view, mask_red, doc, doc_keys);
+    } else {
+      tile = fwd_tile_from_block<Tr, kCausal>(args);
     }
   }
   __syncthreads();
@@ -143,7 +164,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
     } else {
       FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, kMasked>(o, softmax, sm, tile, args, wg, tid,
                                                                                pipe, 0, &mask_view);
-      FwdEpilogue<Tr>::store(o, softmax, &params.tm_o, sm, tile, args, wg, tid);
+      FwdEpilogue<Tr>::template store<kMasked>(o, softmax, &params.tm_o, sm, tile, args, wg, tid);
     }
     FwdEpilogue<Tr>::finish(tid);
   }

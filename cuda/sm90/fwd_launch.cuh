@@ -45,9 +45,11 @@ constexpr int kWideKeys128 = 176;
 
 // Builds the tensor maps for the tile shape of Tr and launches `kernel` on its grid.
 // persistent: a 1-D grid of min(tiles, SMs) CTAs instead of (query tiles, heads, batch).
+// masked: with the document tiles' workspace (p.doc_tiles), build_doc_tiles runs first
+// and the grid has doc_tile_capacity(T) tile slots per (head, row).
 template <class Tr>
 cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*kernel)(const FwdParams),
-                              bool persistent) {
+                              bool persistent, bool masked = false) {
   constexpr int kHeadDim = Tr::kHeadDim;
   const char* name = "flash_fwd_sm90";
   FwdParams kp;
@@ -82,6 +84,17 @@ cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*k
   if (e != cudaSuccess) return {e, name};
   const int m_tiles = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   dim3 grid(m_tiles, p.num_heads, p.batch);
+  // (the masked kernels' query tiles are 128 rows, as document tiles: run_masked)
+  const bool doc_tiles = Tr::kBlockM == cuda::kDocTileRows && masked && p.doc_tiles != nullptr &&
+                         p.q_segment_ids != nullptr &&
+                         p.seqlen_q == p.seqlen_k && cuda::doc_tile_capacity(p.seqlen_q) <= cuda::kMaxDocTiles;
+  if (doc_tiles) {
+    e = build_doc_tiles(p, stream);
+    if (e != cudaSuccess) return {e, "build_doc_tiles"};
+    grid.x = cuda::doc_tile_capacity(p.seqlen_q);
+  } else {
+    kp.args.attn.doc_tiles = nullptr;
+  }
   if (persistent) {
     int device = 0, sms = 0;
     e = cudaGetDevice(&device);
@@ -102,7 +115,7 @@ template <class Tr, bool kOverlap, bool kPingpong, bool kPersistent, bool kMaske
 cuda::LaunchStatus launch_schedule(const AttnParams& p, cudaStream_t stream) {
   auto kernel = p.is_causal ? flash_fwd_sm90_kernel<Tr, true, kOverlap, kPingpong, kPersistent, kMasked>
                             : flash_fwd_sm90_kernel<Tr, false, kOverlap, kPingpong, kPersistent, kMasked>;
-  return launch_fwd<Tr>(p, stream, kernel, kPersistent);
+  return launch_fwd<Tr>(p, stream, kernel, kPersistent, kMasked);
 }
 
 // Masked calls (window, lengths, segments, soft cap) run one schedule per head dim,

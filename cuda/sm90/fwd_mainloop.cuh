@@ -38,10 +38,10 @@ struct FwdMainloop {
   using Pipe = PipeState<Tr::kStages>;
 
   // ---- producer (one thread) ----------------------------------------------
-  // The tile's Q block (completes on bar_q).
-  __device__ static void load_q(const CUtensorMap* tm_q, const FwdSmem<Tr>& sm, const FwdTile& tile) {
+  // The tile's Q block from query row `row0` (completes on bar_q).
+  __device__ static void load_q(const CUtensorMap* tm_q, const FwdSmem<Tr>& sm, const FwdTile& tile, int row0) {
     hptx::mbar_arrive_expect_tx(sm.bar_q(), Tr::kQBytes);
-    hptx::tma_load_5d(sm.q(), tm_q, sm.bar_q(), 0, tile.m_block * kBlockM, 0, tile.head, tile.batch);
+    hptx::tma_load_5d(sm.q(), tm_q, sm.bar_q(), 0, row0, 0, tile.head, tile.batch);
   }
 
   // Loads one tile: Q (unless q_issued: the masked kernels issue it before their key
@@ -56,10 +56,12 @@ struct FwdMainloop {
     auto load_kv = [&](int n) {
       hptx::mbar_wait(sm.bar_k_empty(pipe.stage), pipe.phase ^ 1);
       hptx::mbar_arrive_expect_tx(sm.bar_k_full(pipe.stage), Tr::kKVBytes);
-      hptx::tma_load_5d(sm.k(pipe.stage), tm_k, sm.bar_k_full(pipe.stage), 0, n * kBlockN, 0, kv_head, tile.batch);
+      hptx::tma_load_5d(sm.k(pipe.stage), tm_k, sm.bar_k_full(pipe.stage), 0, tile.key0 + n * kBlockN, 0, kv_head,
+                        tile.batch);
       hptx::mbar_wait(sm.bar_v_empty(pipe.stage), pipe.phase ^ 1);
       hptx::mbar_arrive_expect_tx(sm.bar_v_full(pipe.stage), Tr::kKVBytes);
-      hptx::tma_load_5d(sm.v(pipe.stage), tm_v, sm.bar_v_full(pipe.stage), 0, n * kBlockN, 0, kv_head, tile.batch);
+      hptx::tma_load_5d(sm.v(pipe.stage), tm_v, sm.bar_v_full(pipe.stage), 0, tile.key0 + n * kBlockN, 0, kv_head,
+                        tile.batch);
       pipe.advance();
     };
     int n = tile.n_begin;
@@ -67,7 +69,7 @@ struct FwdMainloop {
       for (; n < tile.n_blocks && n < tile.n_begin + kPreloadKV; ++n) load_kv(n);
       hptx::mbar_wait(sm.bar_q_empty(), (uint32_t)q_empty_phase ^ 1);
     }
-    if (!q_issued) load_q(tm_q, sm, tile);
+    if (!q_issued) load_q(tm_q, sm, tile, tile.m_block * kBlockM);
     for (; n < tile.n_blocks; ++n) load_kv(n);
   }
 
@@ -141,7 +143,7 @@ struct FwdMainloop {
                                  uint32_t q_phase, const MaskView* mask_view = nullptr) {
     constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int wg_row0 = tile.m_block * kBlockM + wg * 64;  // first query row of this warpgroup
+    const int wg_row0 = (kMasked ? tile.row0 : tile.m_block * kBlockM) + wg * 64;  // first query row of this warpgroup
     const int row0 = wg_row0 + warp * 16 + g;               // this thread's h = 0 row
     const uint32_t q_rows = sm.q() + wg * 64 * 128;
     const float sl2 = args.scale_log2;
@@ -167,12 +169,12 @@ struct FwdMainloop {
     // Block n + 1's key ids are fetched during block n (SegmentAhead).
     SegmentAhead<kMasked ? kSRegs : 4> ahead;
     if constexpr (kMasked) {
-      if (segments) ahead.start(row_ids, mask_view->kv_seg, tile.n_begin * kBlockN, mask_view->kv_len);
+      if (segments) ahead.start(row_ids, mask_view->kv_seg, tile.key0 + tile.n_begin * kBlockN, mask_view->kv_len);
     }
     auto load_ids = [&](int n) {
       if constexpr (kMasked) {
         if (segments)
-          ahead.step(seg, row_ids, mask_view->kv_seg, n + 1 < tile.n_blocks ? (n + 1) * kBlockN : -1, t,
+          ahead.step(seg, row_ids, mask_view->kv_seg, n + 1 < tile.n_blocks ? tile.key0 + (n + 1) * kBlockN : -1, t,
                      mask_view->kv_len);
       }
     };
@@ -186,7 +188,8 @@ struct FwdMainloop {
       if constexpr (kMasked) {
         const MaskView& m = *mask_view;
         if (args.attn.softcap > 0.f) softcap_tile(s, args.attn.scale, args.attn.softcap);
-        mask_tile_where_needed<true, 16, true>(s, m, wg_row0 + 16 * warp, row0, n * kBlockN, t, segments, seg);
+        mask_tile_where_needed<true, 16, true>(s, m, wg_row0 + 16 * warp, row0, tile.key0 + n * kBlockN, t, segments,
+                                               seg);
       } else {
         if (needs_mask(n)) apply_mask<kBlockN, kCausal>(s, n * kBlockN, row0, t, S);
       }

@@ -3,6 +3,7 @@
 // persistent grid (causal: from a plan the host builds once per call, FwdSchedule).
 #pragma once
 
+#include "common/doc_tiles.h"
 #include "common/fast_div.h"
 #include "sm90/fwd_smem.cuh"
 #include "sm90/fwd_traits.cuh"
@@ -96,6 +97,42 @@ __device__ __forceinline__ FwdTile fwd_tile_from_block(const FwdArgs& a) {
   tile.batch = blockIdx.z;
   tile.n_blocks = fwd_tile_key_blocks<Tr, kCausal>(a, tile.m_block);
   return tile;
+}
+
+// The masked kernels' tile of a CTA of the (tile slots, heads, batch) grid. With
+// document tiles (AttnParams::doc_tiles, built by build_doc_tiles just before) slot x
+// of row b is that row's x-th tile (longest first; `doc` set, its document's keys in
+// doc_keys) or nothing past the row's count; a row whose ids did not qualify (count
+// -1) takes the query tiles of kBlockM rows, last first when causal, in its first
+// ceil(T / kBlockM) slots. Key blocks are left to fwd_mask_tile. false: no tile.
+template <class Tr, bool kCausal>
+__device__ __forceinline__ bool fwd_masked_tile_from_block(const FwdArgs& a, FwdTile& tile, bool& doc,
+                                                           int2& doc_keys) {
+  const int m_tiles = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int x = (int)blockIdx.x;
+  tile.head = blockIdx.y;
+  tile.batch = blockIdx.z;
+  tile.n_blocks = 0;
+  doc = false;
+  if (a.attn.doc_tiles != nullptr) {
+    const int4* rec = cuda::doc_tile_records(a.attn.doc_tiles, tile.batch, a.seqlen_q);
+    const int count = __ldg(&rec[0].x);
+    const int4 r = __ldg(rec + 1 + x);  // (x < the capacity: the grid's slots; one round trip with the count)
+    if (count >= 0) {
+      if (x >= count) return false;
+      tile.m_block = 0;
+      tile.row0 = r.x;
+      tile.row_end = r.y;
+      doc_keys = make_int2(r.z, r.w);
+      doc = true;
+      return true;
+    }
+  }
+  if (x >= m_tiles) return false;
+  tile.m_block = kCausal ? m_tiles - 1 - x : x;
+  tile.row0 = tile.m_block * Tr::kBlockM;
+  tile.row_end = min(tile.row0 + Tr::kBlockM, a.seqlen_q);
+  return true;
 }
 
 }  // namespace jaxattn::sm90

@@ -40,10 +40,17 @@ struct PipeState {
 };
 
 // One unit of work: a kBlockM-row query tile of one (batch, head), and its key range.
+// Masked kernels: the tile is rows [row0, row_end) (at most kBlockM; row0 = m_block *
+// kBlockM except for document tiles, common/doc_tiles.h), and key block n holds keys
+// key0 + n * kBlockN .. + kBlockN - 1 (key0 > 0 for document tiles, whose blocks
+// start at their document's first visible key). The other kernels leave row0 /
+// row_end unset and key0 = 0.
 struct FwdTile {
   int m_block, head, batch;
   int n_blocks;     // key blocks n_begin .. n_blocks-1 are visible to some row of the tile
   int n_begin = 0;  // (masked kernels: > 0 with a window or segments; empty when n_begin >= n_blocks)
+  int row0 = 0, row_end = 0;
+  int key0 = 0;
   __device__ __forceinline__ bool empty() const { return n_begin >= n_blocks; }
 };
 

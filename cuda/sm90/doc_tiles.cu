@@ -1,0 +1,167 @@
+// build_doc_tiles: the document tiles of a packed forward (common/doc_tiles.h), one
+// CTA per batch row, on the forward's stream just before it (no host round trip).
+//
+// Per row: (1) whether the row qualifies (query ids == key ids, each id one run);
+// each thread walks its own chunk of positions, carrying the document start from
+// the chunks before it (a block-wide max scan of the last start in each chunk); (2)
+// it counts the tile starts (positions kDocTileRows * k after a document start); (3) a
+// sum scan places them, in position order, in shared memory; (4) each tile's end is
+// the next tile's start, its document's end the end of the last tile with the same
+// start (a binary search: starts never decrease); (5) a counting sort by key blocks
+// (causal: up to the tile's end; else the document's) writes them longest first.
+#include <climits>
+
+#include "common/doc_tiles.h"
+#include "sm90/fwd_dispatch.h"
+
+namespace jaxattn::sm90 {
+namespace {
+
+constexpr int kThreads = 1024;
+
+// Exclusive block-wide scan (kMax: running max, else running sum) of one int per
+// thread; `total` gets the scan of all. scratch: 32 ints of shared memory.
+template <bool kMax>
+__device__ int block_exclusive_scan(int x, int* scratch, int& total) {
+  static_assert(kThreads == 32 * 32, "one warp scans the warps' totals");
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int identity = kMax ? INT_MIN : 0;
+  auto op = [](int a, int b) { return kMax ? max(a, b) : a + b; };
+  int inc = x;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc = op(inc, y);
+  }
+  if (lane == 31) scratch[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int w = scratch[lane];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w = op(w, y);
+    }
+    scratch[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  int excl = __shfl_up_sync(0xffffffffu, inc, 1);
+  if (lane == 0) excl = identity;
+  const int r = op(warp > 0 ? scratch[warp - 1] : identity, excl);
+  total = scratch[31];
+  __syncthreads();  // (scratch is reused by the next scan)
+  return r;
+}
+
+__global__ void __launch_bounds__(kThreads) build_doc_tiles_kernel(const int32_t* q_seg, const int32_t* kv_seg,
+                                                                   int T, bool causal, int32_t* doc_tiles) {
+  extern __shared__ int4 list[];  // [cap] records in position order, then [m + 1] counters
+  __shared__ int scratch[32];
+  const int cap = cuda::doc_tile_capacity(T);
+  const int m = (T + cuda::kDocTileRows - 1) / cuda::kDocTileRows;  // the most key blocks of a tile
+  int* hist = reinterpret_cast<int*>(list + cap);
+  const int b = blockIdx.x, tid = threadIdx.x;
+  const int32_t* ids = q_seg + int64_t(b) * T;
+  const int32_t* kids = kv_seg + int64_t(b) * T;
+  int4* out = reinterpret_cast<int4*>(doc_tiles) + int64_t(b) * (cap + 1);
+
+  // (1) Qualify: query ids == key ids, and every id one run of the row (documents
+  // back to back): ids never decrease before the last run, whose id (padding,
+  // typically) occurs nowhere before it.
+  const int chunk = (T + kThreads - 1) / kThreads;
+  const int c0 = min(T, tid * chunk), c1 = min(T, c0 + chunk);
+  auto starts_doc = [&](int i) { return i == 0 || __ldg(ids + i) != __ldg(ids + i - 1); };
+  bool ok = true;
+  int last = -1;  // the last document start in this thread's chunk
+  for (int i = c0; i < c1; ++i) {
+    ok = ok && __ldg(ids + i) == __ldg(kids + i);
+    if (starts_doc(i)) last = i;
+  }
+  int last_run;
+  const int carry = block_exclusive_scan<true>(last, scratch, last_run);  // (thread 0's chunk starts one at 0)
+  const int pad = __ldg(ids + T - 1);
+  for (int i = tid; i < last_run; i += kThreads) {
+    const int id = __ldg(ids + i);
+    ok = ok && id != pad && (i == 0 || __ldg(ids + i - 1) <= id);
+  }
+  if (!__syncthreads_and(ok)) {
+    if (tid == 0) out[0] = make_int4(-1, 0, 0, 0);
+    return;
+  }
+  // (2) The tile starts in each chunk.
+  int n = 0;
+  for (int i = c0, d = carry; i < c1; ++i) {
+    if (starts_doc(i)) d = i;
+    n += (i - d) % cuda::kDocTileRows == 0;
+  }
+  // (3) Place the tile starts.
+  int total;
+  int at = block_exclusive_scan<false>(n, scratch, total);
+  if (total > cap) {  // (uniform) documents too short for the capacity
+    if (tid == 0) out[0] = make_int4(-1, 0, 0, 0);
+    return;
+  }
+  for (int i = c0, d = carry; i < c1; ++i) {
+    if (starts_doc(i)) d = i;
+    if ((i - d) % cuda::kDocTileRows == 0) list[at++] = make_int4(i, 0, d, 0);
+  }
+  for (int k = tid; k <= m; k += kThreads) hist[k] = 0;
+  __syncthreads();
+  // (4) Ends, document ends, key blocks.
+  for (int k = tid; k < total; k += kThreads) {
+    const int ds = list[k].z;
+    int lo = k, hi = total - 1;  // the document's last tile
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (list[mid].z == ds) lo = mid;
+      else hi = mid - 1;
+    }
+    const int end = k + 1 < total ? list[k + 1].x : T;
+    const int doc_end = lo + 1 < total ? list[lo + 1].x : T;
+    list[k].y = end;  // (other threads read only .x and .z)
+    list[k].w = doc_end;
+    atomicAdd(&hist[((causal ? end : doc_end) - ds + cuda::kDocTileRows - 1) / cuda::kDocTileRows], 1);
+  }
+  __syncthreads();
+  // (5) Most key blocks first: bucket j's first slot is the count of tiles with more.
+  const int per = (m + kThreads) / kThreads;  // buckets m, m - 1, ..., 0 in runs of `per`
+  int sum = 0;
+  for (int r = 0; r < per; ++r) {
+    const int j = m - (tid * per + r);
+    if (j >= 0) sum += hist[j];
+  }
+  int unused;
+  int first = block_exclusive_scan<false>(sum, scratch, unused);
+  for (int r = 0; r < per; ++r) {
+    const int j = m - (tid * per + r);
+    if (j >= 0) {
+      const int c = hist[j];
+      hist[j] = first;
+      first += c;
+    }
+  }
+  __syncthreads();
+  for (int k = tid; k < total; k += kThreads) {
+    const int4 rec = list[k];
+    const int j = ((causal ? rec.y : rec.w) - rec.z + cuda::kDocTileRows - 1) / cuda::kDocTileRows;
+    out[1 + atomicAdd(&hist[j], 1)] = rec;
+  }
+  if (tid == 0) out[0] = make_int4(total, 0, 0, 0);
+}
+
+}  // namespace
+
+cudaError_t build_doc_tiles(const AttnParams& p, cudaStream_t stream) {
+  const int T = p.seqlen_q;
+  const int cap = cuda::doc_tile_capacity(T);
+  const int m = (T + cuda::kDocTileRows - 1) / cuda::kDocTileRows;
+  const size_t smem = size_t(cap) * sizeof(int4) + size_t(m + 1) * sizeof(int);
+  cudaError_t e = cudaFuncSetAttribute(build_doc_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  build_doc_tiles_kernel<<<p.batch, kThreads, smem, stream>>>(p.q_segment_ids, p.kv_segment_ids, T, p.is_causal,
+                                                              p.doc_tiles);
+  return cudaGetLastError();
+}
+
+}  // namespace jaxattn::sm90
