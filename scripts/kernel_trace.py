@@ -8,6 +8,9 @@ custom call, and what each piece costs.
 As a script, the attention benchmark's rows (benchmarks/attention.py's
 inputs and functions: B*T = 16K tokens, N*H = 2048):
   python3 scripts/kernel_trace.py --heads 64 --seqlen 1024 --causal 0 --pass fwd --impls jaxattn,cudnn
+and, with --masks, benchmarks/masks.py's packed and separate rows (jaxattn,
+causal; documents of --doc-min..--doc-max tokens in --seqlen tokens):
+  python3 scripts/kernel_trace.py --masks --heads 128 --seqlen 16384 --pass fwd
 """
 import argparse
 import collections
@@ -85,7 +88,12 @@ def main():
     ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "fwdbwd"))
     ap.add_argument("--impls", default="jaxattn,cudnn")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--masks", action="store_true", help="masks.py's packed / separate rows instead")
+    ap.add_argument("--doc-min", type=int, default=512)
+    ap.add_argument("--doc-max", type=int, default=2048)
     a = ap.parse_args()
+    if a.masks:
+        return trace_masks(a)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
     import attention as bench  # noqa: E402
     import jax.numpy as jnp
@@ -98,6 +106,41 @@ def main():
         f = jax.jit(bench.build_function(jax, jnp, jaxattn, impl, row, None))
         print(f"== {impl}: {a.pass_} H={H} T={T} B={row['B']} N={row['N']} causal={a.causal}")
         kernel_trace(lambda: f(*args), a.steps)
+
+
+def trace_masks(a):
+    """Kernel timelines of masks.py's packed (segment ids) and separate (padded batch
+    with lengths) rows: the same documents, causal, jaxattn."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxattn
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+    from attention import packed_documents  # noqa: E402
+    L, H = a.seqlen, a.heads
+    N = 2048 // H
+    lens = packed_documents(L, a.doc_min, a.doc_max)
+    rng = np.random.default_rng(0)
+    packed = [rng.standard_normal((1, L, N, H)).astype(np.float32) for _ in range(4)]
+    separate = [np.zeros((len(lens), max(lens), N, H), np.float32) for _ in range(4)]
+    start = 0
+    for b, n in enumerate(lens):
+        for dst, src in zip(separate, packed):
+            dst[b, :n] = src[0, start:start + n]
+        start += n
+    ids = jnp.asarray(np.repeat(np.arange(len(lens)), lens)[None], jnp.int32)
+    seq = jnp.asarray(lens, jnp.int32)
+    rows = {"packed": (packed, dict(q_segment_ids=ids, kv_segment_ids=ids)),
+            "separate": (separate, dict(query_seq_lengths=seq, key_value_seq_lengths=seq))}
+    for name, (arrs, kw) in rows.items():
+        q, k, v, dout = (jnp.asarray(x, jnp.bfloat16) for x in arrs)
+        attn = lambda q, k, v, kw=kw: jaxattn.flash_attention(q, k, v, is_causal=True, **kw)  # noqa: E731
+        if a.pass_ == "fwd":
+            f = jax.jit(attn)
+        else:
+            f = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v).astype(jnp.float32) * dout), (0, 1, 2)))
+        print(f"== {name}: {a.pass_} H={H} tokens={L} documents={len(lens)} N={N}")
+        kernel_trace(lambda: f(q, k, v), a.steps)
 
 
 if __name__ == "__main__":

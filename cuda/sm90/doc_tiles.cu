@@ -1,11 +1,12 @@
 // build_doc_tiles: the document tiles of a packed forward (common/doc_tiles.h), one
 // CTA per batch row, on the forward's stream just before it (no host round trip).
 //
-// Per row: (1) whether the row qualifies (query ids == key ids, each id one run);
-// each thread walks its own chunk of positions, carrying the document start from
-// the chunks before it (a block-wide max scan of the last start in each chunk); (2)
-// it counts the tile starts (positions kDocTileRows * k after a document start); (3) a
-// sum scan places them, in position order, in shared memory; (4) each tile's end is
+// Per row: (1) whether the row qualifies (query ids == key ids, each id one run), in
+// one coalesced pass that also keeps a bit mask of the document starts in shared
+// memory; (2) each thread walks its own chunk of positions in the mask, carrying the
+// document start from the chunks before it (a block-wide max scan of the last start
+// in each chunk), and counts the tile starts (kDocTileRows * k after a document
+// start); (3) a sum scan places them, in position order, in shared memory; (4) each tile's end is
 // the next tile's start, its document's end the end of the last tile with the same
 // start (a binary search: starts never decrease); (5) a counting sort by key blocks
 // (causal: up to the tile's end; else the document's) writes them longest first.
@@ -53,42 +54,67 @@ __device__ int block_exclusive_scan(int x, int* scratch, int& total) {
   return r;
 }
 
+// The row's ids are read once, coalesced; the passes after that walk a bit mask of
+// the document starts in shared memory (after the records and counters).
 __global__ void __launch_bounds__(kThreads) build_doc_tiles_kernel(const int32_t* q_seg, const int32_t* kv_seg,
                                                                    int T, bool causal, int32_t* doc_tiles) {
-  extern __shared__ int4 list[];  // [cap] records in position order, then [m + 1] counters
+  extern __shared__ int4 list[];  // [cap] records in position order, [m + 1] counters, [T / 32] start bits
   __shared__ int scratch[32];
   const int cap = cuda::doc_tile_capacity(T);
   const int m = (T + cuda::kDocTileRows - 1) / cuda::kDocTileRows;  // the most key blocks of a tile
   int* hist = reinterpret_cast<int*>(list + cap);
-  const int b = blockIdx.x, tid = threadIdx.x;
+  uint32_t* starts = reinterpret_cast<uint32_t*>(hist + m + 1);  // bit i % 32 of word i / 32: a document starts at i
+  const int b = blockIdx.x, tid = threadIdx.x, lane = tid % 32;
   const int32_t* ids = q_seg + int64_t(b) * T;
   const int32_t* kids = kv_seg + int64_t(b) * T;
   int4* out = reinterpret_cast<int4*>(doc_tiles) + int64_t(b) * (cap + 1);
+  int unused;
 
   // (1) Qualify: query ids == key ids, and every id one run of the row (documents
-  // back to back): ids never decrease before the last run, whose id (padding,
-  // typically) occurs nowhere before it.
-  const int chunk = (T + kThreads - 1) / kThreads;
-  const int c0 = min(T, tid * chunk), c1 = min(T, c0 + chunk);
-  auto starts_doc = [&](int i) { return i == 0 || __ldg(ids + i) != __ldg(ids + i - 1); };
-  bool ok = true;
-  int last = -1;  // the last document start in this thread's chunk
-  for (int i = c0; i < c1; ++i) {
-    ok = ok && __ldg(ids + i) == __ldg(kids + i);
-    if (starts_doc(i)) last = i;
-  }
-  int last_run;
-  const int carry = block_exclusive_scan<true>(last, scratch, last_run);  // (thread 0's chunk starts one at 0)
+  // back to back): ids decrease nowhere but at the last run's start, and the last
+  // run's id (padding, typically) occurs nowhere before it.
   const int pad = __ldg(ids + T - 1);
-  for (int i = tid; i < last_run; i += kThreads) {
-    const int id = __ldg(ids + i);
-    ok = ok && id != pad && (i == 0 || __ldg(ids + i - 1) <= id);
+  bool ok = true;
+  int last = -1, first_pad = INT_MAX, dec_min = INT_MAX, dec_max = -1;
+  for (int i0 = tid - lane; i0 < T; i0 += kThreads) {  // (whole warps: the ballot)
+    const int i = i0 + lane;
+    const bool valid = i < T;
+    const int id = valid ? __ldg(ids + i) : 0;
+    const int prev = valid && i > 0 ? __ldg(ids + i - 1) : id;
+    ok &= !valid || id == __ldg(kids + i);
+    const bool start = valid && (i == 0 || id != prev);
+    if (start) last = i;
+    if (valid && id < prev) dec_min = min(dec_min, i), dec_max = max(dec_max, i);
+    if (valid && id == pad) first_pad = min(first_pad, i);
+    const uint32_t word = __ballot_sync(0xffffffffu, start);
+    if (lane == 0) starts[i0 / 32] = word;
   }
-  if (!__syncthreads_and(ok)) {
+  int last_run, neg;
+  block_exclusive_scan<true>(last, scratch, last_run);
+  block_exclusive_scan<true>(-first_pad, scratch, neg);
+  first_pad = -neg;
+  block_exclusive_scan<true>(-dec_min, scratch, neg);
+  dec_min = -neg;
+  block_exclusive_scan<true>(dec_max, scratch, dec_max);  // (its barriers also publish `starts`)
+  ok = __syncthreads_and(ok) && first_pad >= last_run && (dec_max < 0 || (dec_min == last_run && dec_max == last_run));
+  if (!ok) {  // (uniform)
     if (tid == 0) out[0] = make_int4(-1, 0, 0, 0);
     return;
   }
-  // (2) The tile starts in each chunk.
+  // (2) The tile starts (kDocTileRows apart from each document start) in each
+  // thread's chunk of whole words, the document start carried in from before it.
+  const int words = (T + 31) / 32, per_thread = (words + kThreads - 1) / kThreads;
+  const int w0 = min(words, tid * per_thread), w1 = min(words, w0 + per_thread);
+  const int c0 = 32 * w0, c1 = min(T, 32 * w1);
+  last = -1;
+  for (int w = w1 - 1; w >= w0; --w) {
+    if (starts[w]) {
+      last = 32 * w + 31 - __clz(starts[w]);
+      break;
+    }
+  }
+  const int carry = block_exclusive_scan<true>(last, scratch, unused);  // (thread 0's chunk starts one at 0)
+  auto starts_doc = [&](int i) { return (starts[i / 32] >> (i % 32)) & 1u; };
   int n = 0;
   for (int i = c0, d = carry; i < c1; ++i) {
     if (starts_doc(i)) d = i;
@@ -130,7 +156,6 @@ __global__ void __launch_bounds__(kThreads) build_doc_tiles_kernel(const int32_t
     const int j = m - (tid * per + r);
     if (j >= 0) sum += hist[j];
   }
-  int unused;
   int first = block_exclusive_scan<false>(sum, scratch, unused);
   for (int r = 0; r < per; ++r) {
     const int j = m - (tid * per + r);
@@ -155,7 +180,7 @@ cudaError_t build_doc_tiles(const AttnParams& p, cudaStream_t stream) {
   const int T = p.seqlen_q;
   const int cap = cuda::doc_tile_capacity(T);
   const int m = (T + cuda::kDocTileRows - 1) / cuda::kDocTileRows;
-  const size_t smem = size_t(cap) * sizeof(int4) + size_t(m + 1) * sizeof(int);
+  const size_t smem = size_t(cap) * sizeof(int4) + size_t(m + 1) * sizeof(int) + size_t((T + 31) / 32) * 4;
   cudaError_t e = cudaFuncSetAttribute(build_doc_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem));
   if (e != cudaSuccess) return e;
