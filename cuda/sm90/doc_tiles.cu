@@ -76,18 +76,31 @@ __global__ void __launch_bounds__(kThreads) build_doc_tiles_kernel(const int32_t
   const int pad = __ldg(ids + T - 1);
   bool ok = true;
   int last = -1, first_pad = INT_MAX, dec_min = INT_MAX, dec_max = -1;
-  for (int i0 = tid - lane; i0 < T; i0 += kThreads) {  // (whole warps: the ballot)
-    const int i = i0 + lane;
-    const bool valid = i < T;
-    const int id = valid ? __ldg(ids + i) : 0;
-    const int prev = valid && i > 0 ? __ldg(ids + i - 1) : id;
-    ok &= !valid || id == __ldg(kids + i);
-    const bool start = valid && (i == 0 || id != prev);
-    if (start) last = i;
-    if (valid && id < prev) dec_min = min(dec_min, i), dec_max = max(dec_max, i);
-    if (valid && id == pad) first_pad = min(first_pad, i);
-    const uint32_t word = __ballot_sync(0xffffffffu, start);
-    if (lane == 0) starts[i0 / 32] = word;
+  // kUnroll strided positions per thread per round, their loads issued together (one
+  // round trip per round, not per position); whole warps (the ballot).
+  constexpr int kUnroll = 8;
+  for (int base = tid - lane; base < T; base += kThreads * kUnroll) {
+    int id[kUnroll], prev[kUnroll], kid[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kThreads + lane;
+      id[u] = i < T ? __ldg(ids + i) : 0;
+      prev[u] = i < T && i > 0 ? __ldg(ids + i - 1) : 0;
+      kid[u] = i < T ? __ldg(kids + i) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i0 = base + u * kThreads, i = i0 + lane;
+      if (i0 >= T) break;  // (warp-uniform)
+      const bool valid = i < T;
+      ok &= !valid || id[u] == kid[u];
+      const bool start = valid && (i == 0 || id[u] != prev[u]);
+      if (start) last = i;
+      if (valid && i > 0 && id[u] < prev[u]) dec_min = min(dec_min, i), dec_max = max(dec_max, i);
+      if (valid && id[u] == pad) first_pad = min(first_pad, i);
+      const uint32_t word = __ballot_sync(0xffffffffu, start);
+      if (lane == 0) starts[i0 / 32] = word;
+    }
   }
   int last_run, neg;
   block_exclusive_scan<true>(last, scratch, last_run);
