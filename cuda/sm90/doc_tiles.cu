@@ -6,10 +6,11 @@
 // memory; (2) each thread walks its own chunk of positions in the mask, carrying the
 // document start from the chunks before it (a block-wide max scan of the last start
 // in each chunk), and counts the tile starts (kDocTileRows * k after a document
-// start); (3) a sum scan places them, in position order, in shared memory; (4) each tile's end is
-// the next tile's start, its document's end the end of the last tile with the same
-// start (a binary search: starts never decrease); (5) a counting sort by key blocks
-// (causal: up to the tile's end; else the document's) writes them longest first.
+// start); (3) a sum scan places them, in position order, in shared memory; (4) each
+// tile's end is the next tile's start, its document's end the end of the last tile
+// with the same start (a binary search: starts never decrease); (5) a counting sort
+// by key blocks (causal: up to the tile's end; else the document's) writes them
+// longest first.
 #include <climits>
 
 #include "common/doc_tiles.h"
