@@ -143,8 +143,9 @@ struct FwdMainloop {
                                  uint32_t q_phase, const MaskView* mask_view = nullptr) {
     constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int wg_row0 = (kMasked ? tile.row0 : tile.m_block * kBlockM) + wg * 64;  // first query row of this warpgroup
-    const int row0 = wg_row0 + warp * 16 + g;               // this thread's h = 0 row
+    // The first query row of this warpgroup, and this thread's h = 0 row.
+    const int wg_row0 = (kMasked ? tile.row0 : tile.m_block * kBlockM) + wg * 64;
+    const int row0 = wg_row0 + warp * 16 + g;
     const uint32_t q_rows = sm.q() + wg * 64 * 128;
     const float sl2 = args.scale_log2;
     const int S = args.seqlen_k;
