@@ -766,6 +766,23 @@ def packed_documents(total: int, lo: int, hi: int, seed: int = 0) -> list[int]:
     return lens
 
 
+def separate_documents(arrays, lens):
+    """Packed arrays [1, sum(lens), ...] as separate sequences: numpy float32 arrays
+    [len(lens), max(lens), ...], document b in row b, zeros past its length."""
+    import numpy as np
+
+    out = []
+    for x in arrays:
+        x = np.asarray(x, np.float32)
+        sep = np.zeros((len(lens), max(lens)) + x.shape[2:], np.float32)
+        start = 0
+        for b, n in enumerate(lens):
+            sep[b, :n] = x[0, start:start + n]
+            start += n
+        out.append(sep)
+    return out
+
+
 def run_packed(args, jax, jnp, jaxattn, device) -> tuple[dict, str]:
     """Times packed documents (segment ids) against separate sequences; returns (record, table)."""
     import numpy as np

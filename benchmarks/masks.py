@@ -27,7 +27,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention import log, packed_documents, prepare, sample, stats_of  # noqa: E402  (the shared timing helpers)
+from attention import (log, packed_documents, prepare, sample, separate_documents,  # noqa: E402  (shared helpers)
+                       stats_of)
 
 
 def parse_args(argv=None):
@@ -67,7 +68,6 @@ def main(argv=None) -> int:
     L, H = args.tokens, args.heads
     N = max(1, args.width // H)
     lens = packed_documents(L, args.doc_min, args.doc_max)
-    Lmax = max(lens)
     rng = np.random.default_rng(0)
 
     def arrays(B, T):
@@ -77,13 +77,7 @@ def main(argv=None) -> int:
     ids = jnp.asarray(np.repeat(np.arange(len(lens)), lens)[None], jnp.int32)
     q1, k1, v1, do1 = arrays(1, L)
     # The documents as separate sequences: a padded batch with lengths.
-    qs, ks, vs, dos = (np.zeros((len(lens), Lmax, N, H), np.float32) for _ in range(4))
-    start = 0
-    for b, n in enumerate(lens):
-        for dst, src in ((qs, q1), (ks, k1), (vs, v1), (dos, do1)):
-            dst[b, :n] = np.asarray(src[0, start:start + n], np.float32)
-        start += n
-    qs, ks, vs, dos = (jnp.asarray(x, jnp.bfloat16) for x in (qs, ks, vs, dos))
+    qs, ks, vs, dos = (jnp.asarray(x, jnp.bfloat16) for x in separate_documents((q1, k1, v1, do1), lens))
     seq_len = jnp.asarray(lens, jnp.int32)
     w = args.window
 

@@ -116,18 +116,13 @@ def trace_masks(a):
 
     import jaxattn
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
-    from attention import packed_documents  # noqa: E402
+    from attention import packed_documents, separate_documents  # noqa: E402
     L, H = a.seqlen, a.heads
     N = 2048 // H
     lens = packed_documents(L, a.doc_min, a.doc_max)
     rng = np.random.default_rng(0)
     packed = [rng.standard_normal((1, L, N, H)).astype(np.float32) for _ in range(4)]
-    separate = [np.zeros((len(lens), max(lens), N, H), np.float32) for _ in range(4)]
-    start = 0
-    for b, n in enumerate(lens):
-        for dst, src in zip(separate, packed):
-            dst[b, :n] = src[0, start:start + n]
-        start += n
+    separate = separate_documents(packed, lens)
     ids = jnp.asarray(np.repeat(np.arange(len(lens)), lens)[None], jnp.int32)
     seq = jnp.asarray(lens, jnp.int32)
     rows = {"packed": (packed, dict(q_segment_ids=ids, kv_segment_ids=ids)),
