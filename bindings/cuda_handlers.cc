@@ -50,6 +50,19 @@ static cuda::LaunchStatus launch_forward(const AttnParams& p, cudaStream_t strea
   return cuda::flash_fwd_sm80(p, stream);
 }
 
+// Workspace of the document tiles (common/doc_tiles.h), forward and backward:
+// [..., doc_tile_ints(T)] int32 with segment ids and T == S, else a placeholder [1]
+// the kernels never see.
+static ffi::Error set_doc_tiles(AttnParams& p, ffi::Buffer<ffi::S32>& doc_tiles) {
+  if (p.q_segment_ids && p.seqlen_q == p.seqlen_k) {
+    const int64_t want = static_cast<int64_t>(p.batch) * cuda::doc_tile_ints(p.seqlen_q);
+    if (static_cast<int64_t>(doc_tiles.element_count()) != want)
+      return invalid("doc_tiles workspace must hold batch * doc_tile_ints(T) int32");
+    p.doc_tiles = doc_tiles.typed_data();
+  }
+  return ffi::Error::Success();
+}
+
 static ffi::Error to_ffi_error(const cuda::LaunchStatus& s) {
   if (s.ok()) return ffi::Error::Success();
   return ffi::Error::Internal(std::string("jaxattn: CUDA error in ") + s.kernel + ": " + cudaGetErrorName(s.error) +
@@ -73,14 +86,7 @@ static ffi::Error cuda_fwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
       e.failure())
     return e;
   if (auto e = check_cuda_supported(p); e.failure()) return e;
-  // Workspace of the document tiles (common/doc_tiles.h): [..., doc_tile_ints(T)]
-  // int32 with segment ids and T == S, else a placeholder [1] the kernels never see.
-  if (p.q_segment_ids && p.seqlen_q == p.seqlen_k) {
-    const int64_t want = static_cast<int64_t>(p.batch) * cuda::doc_tile_ints(p.seqlen_q);
-    if (static_cast<int64_t>(doc_tiles->element_count()) != want)
-      return invalid("doc_tiles workspace must hold batch * doc_tile_ints(T) int32");
-    p.doc_tiles = doc_tiles->typed_data();
-  }
+  if (auto e = set_doc_tiles(p, *doc_tiles); e.failure()) return e;
   return to_ffi_error(launch_forward(p, stream, portable_only));
 }
 
@@ -108,7 +114,8 @@ static ffi::Error cuda_bwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
                            ffi::Buffer<ffi::S32> q_seg_ranges, ffi::Buffer<ffi::S32> kv_seg_ranges,
                            ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::PRED> mask,
                            bool has_segments, bool has_bias, bool has_mask, bool has_lengths,
-                           ffi::Result<ffi::Buffer<ffi::F32>> dbias, bool portable_only, bool deterministic) {
+                           ffi::Result<ffi::Buffer<ffi::F32>> dbias,
+                           ffi::Result<ffi::Buffer<ffi::S32>> doc_tiles, bool portable_only, bool deterministic) {
   AttnParams p;
   if (auto e = fill_backward(p, q, k, v, o, lse, dout, dlse, *dq, *dk, *dv, scale, is_causal); e.failure())
     return e;
@@ -133,6 +140,7 @@ static ffi::Error cuda_bwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
   p.dpsum = dpsum->typed_data();
   p.dq_semaphore = dq_semaphore->typed_data();
   p.deterministic = deterministic;
+  if (auto e = set_doc_tiles(p, *doc_tiles); e.failure()) return e;
   return to_ffi_error(launch_backward(p, stream, portable_only));
 }
 
@@ -153,6 +161,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
             .Ret<xla::ffi::Buffer<xla::ffi::F32>>()      // dq_accum (workspace)
             .Ret<xla::ffi::Buffer<xla::ffi::F32>>()      // dpsum (workspace)
             .Ret<xla::ffi::Buffer<xla::ffi::S32>>())))   // dq_semaphore (workspace)
+        .Ret<xla::ffi::Buffer<xla::ffi::S32>>()      // doc_tiles (workspace)
         .Attr<bool>("portable_only")   // skip the Hopper kernel
         .Attr<bool>("deterministic"),  // ordered dQ accumulation: identical bits run to run
     {xla::ffi::Traits::kCmdBufferCompatible});

@@ -126,13 +126,19 @@ def cuda_forward(q, k, v, q_lengths=None, kv_lengths=None, q_segment_ids=None, k
     only for segment ids with T == S (else unwritten, or a placeholder [1])."""
     operands, attrs = _mask_operands(q, k, q_lengths, kv_lengths, window, softcap, q_segment_ids,
                                      kv_segment_ids, bias, mask)
-    # The document tiles' workspace (packed documents: segment ids with T == S).
-    T = q.shape[-3]
-    docs = q_segment_ids is not None and T == k.shape[-3]
-    doc_tiles = jax.ShapeDtypeStruct(q.shape[:-3] + (doc_tile_ints(T),) if docs else (1,), jnp.int32)
-    out, lse, tiles = _forward("jaxattn_cuda_fwd", q, k, v, scale, is_causal, *operands, workspace=(doc_tiles,),
+    out, lse, tiles = _forward("jaxattn_cuda_fwd", q, k, v, scale, is_causal, *operands,
+                               workspace=(_doc_tiles_type(q, k, q_segment_ids),),
                                portable_only=bool(portable_only), **attrs)
     return (out, lse, tiles) if return_doc_tiles else (out, lse)
+
+
+def _doc_tiles_type(q, k, q_segment_ids):
+    """The document tiles' workspace (cuda/common/doc_tiles.h) of a forward or
+    backward call: [..., doc_tile_ints(T)] int32 for packed documents (segment
+    ids with T == S), else a placeholder [1]."""
+    T = q.shape[-3]
+    docs = q_segment_ids is not None and T == k.shape[-3]
+    return jax.ShapeDtypeStruct(q.shape[:-3] + (doc_tile_ints(T),) if docs else (1,), jnp.int32)
 
 
 def cuda_sm80_forward(q, k, v, *masks, **kwargs):
@@ -166,13 +172,17 @@ def cpu_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None,
 
 def cuda_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None, q_segment_ids=None,
                   kv_segment_ids=None, bias=None, mask=None, *, scale: float, is_causal: bool, window=None,
-                  softcap=None, portable_only: bool = False, deterministic: bool = False, bias_grad: bool = True):
+                  softcap=None, portable_only: bool = False, deterministic: bool = False, bias_grad: bool = True,
+                  return_doc_tiles: bool = False):
     """(dq, dk, dv), plus dbias (float32, the bias's shape) with a bias and
     `bias_grad`, from the CUDA kernels: the Hopper one where it covers the
     call, else the portable one (always the portable one with `portable_only`
-    and for masked calls).
+    and for dense bias and mask). With `return_doc_tiles` (tests) also the
+    document tiles' workspace, as cuda_forward's: written by the Hopper
+    backward at head dims 64 / 128 (key tiles, most query rows first), not
+    in deterministic mode.
 
-    dq_accum, dpsum and dq_semaphore are workspace outputs. `deterministic`
+    dq_accum, dpsum, dq_semaphore and doc_tiles are workspace outputs. `deterministic`
     orders the dQ accumulation so dq, dk, dv are identical bit for bit from
     run to run (dbias is summed with f32 atomics: not bit-reproducible)."""
     register_targets()
@@ -185,12 +195,14 @@ def cuda_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None
         jax.ShapeDtypeStruct((B, N, T), jnp.float32),  # dpsum
         jax.ShapeDtypeStruct((B, N, -(-T // DQ_SEMAPHORE_ROWS)), jnp.int32),  # dq_semaphore
         jax.ShapeDtypeStruct(bias.shape if want else (1,), jnp.float32),  # dbias ([1]: not wanted)
+        _doc_tiles_type(q, k, q_segment_ids),
     )
-    dq, dk, dv, *_, dbias = jax.ffi.ffi_call(
+    dq, dk, dv, *_, dbias, tiles = jax.ffi.ffi_call(
         "jaxattn_cuda_bwd", _grad_types(q, k) + workspace, vmap_method=_VMAP
     )(q, k, v, out, lse, dout, dlse, *operands, **_attrs(scale, is_causal), portable_only=bool(portable_only),
       deterministic=bool(deterministic), **attrs)
-    return (dq, dk, dv, dbias) if want else (dq, dk, dv)
+    grads = (dq, dk, dv, dbias) if want else (dq, dk, dv)
+    return (*grads, tiles) if return_doc_tiles else grads
 
 
 def cuda_sm80_backward(q, k, v, out, lse, dout, dlse, *masks, **kwargs):

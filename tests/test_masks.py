@@ -109,6 +109,8 @@ def check_backward(impl, B, T, S, N, K, H, dtype, *, is_causal=False, window=Non
         return total + (jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * dlse) if with_lse else 0.0)
 
     argnums = (0, 1, 2) if bias is None else (0, 1, 2, 3)
+    if impl.startswith("cuda"):  # (a gradient element a kernel forgets to write shows as NaN)
+        poison_allocator(device_for(impl), 8 * (q.size + 2 * k.size) * q.dtype.itemsize)
     grads = jax.jit(jax.grad(loss, argnums=argnums))(q, k, v, b0)
     qs, ks = segs if segs is not None else (None, None)
     refs = reference64.backward(q, k, v, dout, scale=scale, is_causal=is_causal, window=window,

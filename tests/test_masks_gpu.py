@@ -246,16 +246,20 @@ def _doc_case(case):
     return T, K, ids, qualifies, kw
 
 
-def _doc_tiles(ids, is_causal, H=128):
-    """The document tiles' workspace the Hopper forward writes for these ids."""
+def _doc_tiles(ids, is_causal, H=128, backward=False):
+    """The document tiles' workspace the Hopper forward (backward) writes for these ids."""
     from jaxattn import _ffi_calls
     B, T = ids.shape
-    q, k, v = random_inputs((B, T, 2, H), (B, T, 2, H), jnp.bfloat16)
+    q, k, v, dout = random_inputs((B, T, 2, H), (B, T, 2, H), jnp.bfloat16, count=4)
     seg = jnp.asarray(ids)
-    _, _, tiles = jax.jit(lambda q, k, v, s: _ffi_calls.cuda_forward(
-        q, k, v, q_segment_ids=s, kv_segment_ids=s, scale=0.1, is_causal=is_causal, return_doc_tiles=True))(
-            q, k, v, seg)
-    return np.asarray(tiles).reshape(B, -1, 4)
+    kw = dict(q_segment_ids=seg, kv_segment_ids=seg, scale=0.1, is_causal=is_causal, return_doc_tiles=True)
+
+    def run(q, k, v, dout):
+        out, lse, tiles = _ffi_calls.cuda_forward(q, k, v, **kw)
+        if backward:
+            *_, tiles = _ffi_calls.cuda_backward(q, k, v, out, lse, dout, jnp.zeros_like(lse), **kw)
+        return tiles
+    return np.asarray(jax.jit(run)(q, k, v, dout)).reshape(B, -1, 4)
 
 
 def _hopper():
@@ -264,15 +268,17 @@ def _hopper():
 
 
 @pytest.mark.parametrize("case", sorted(DOC_CASES))
-def test_document_tiles_cover_the_documents(case):
-    """On the Hopper forward, qualifying rows get tiles that lie inside one document
-    each, cover every row once, start at kDocTileRows multiples from their document's
-    start, and come longest first; the other rows (count -1) keep the usual tiles."""
+@pytest.mark.parametrize("backward", [False, True])
+def test_document_tiles_cover_the_documents(case, backward):
+    """On the Hopper forward (backward, H=64), qualifying rows get tiles that lie inside
+    one document each, cover every row once, start at kDocTileRows multiples from their
+    document's start, and come longest first (forward: key blocks seen; backward: query
+    rows seeing the keys); the other rows (count -1) keep the usual tiles."""
     if not _hopper():
-        pytest.skip("document tiles are the Hopper forward's")
+        pytest.skip("document tiles are the Hopper kernels'")
     T, _, ids, qualifies, kw = _doc_case(case)
     causal = kw.get("is_causal", False)
-    tiles = _doc_tiles(ids, causal)
+    tiles = _doc_tiles(ids, causal, H=64 if backward else 128, backward=backward)
     for b in range(ids.shape[0]):
         count = int(tiles[b, 0, 0])
         if not qualifies:
@@ -288,7 +294,10 @@ def test_document_tiles_cover_the_documents(case):
             assert (ds == 0 or ids[b, ds - 1] != ids[b, ds]) and (de == T or ids[b, de] != ids[b, de - 1])
             covered[row0:row_end] += 1
         np.testing.assert_array_equal(covered, 1)
-        work = -(-((rec[:, 1] if causal else rec[:, 3]) - rec[:, 2]) // 128)
+        rows = rec[:, 3] - rec[:, 2]  # the whole document
+        if causal:
+            rows = rec[:, 3] - rec[:, 0] if backward else rec[:, 1] - rec[:, 2]
+        work = -(-rows // 128)
         assert np.all(np.diff(work) <= 0), "longest first"
 
 
@@ -301,8 +310,7 @@ def test_document_tiles(case, H, dtype):
     T, K, ids, _, kw = _doc_case(case)
     segs = (ids, ids)
     check_forward("cuda", 2, T, T, 4, K, H, dtype, segs=segs, **kw)
-    if H == 128:
-        check_backward("cuda", 2, T, T, 4, K, H, dtype, segs=segs, **kw)
+    check_backward("cuda", 2, T, T, 4, K, H, dtype, segs=segs, **kw)
 
 
 def test_document_tiles_fall_back():
@@ -314,7 +322,9 @@ def test_document_tiles_fall_back():
     repeated = np.where(np.arange(T) >= T - 100, 0, docs).astype(np.int32)  # id 0 twice: two runs
     if _hopper():
         assert np.all(_doc_tiles(repeated, True)[:, 0, 0] == -1)
+        assert np.all(_doc_tiles(repeated, True, H=64, backward=True)[:, 0, 0] == -1)
     check_forward("cuda", 2, T, T, 4, 2, 128, jnp.bfloat16, segs=(repeated, repeated), is_causal=True)
+    check_backward("cuda", 2, T, T, 4, 2, 128, jnp.bfloat16, segs=(repeated, repeated), is_causal=True)
     other = _documents(2, T, rng, 50, 200)
     check_forward("cuda", 2, T, T, 4, 2, 128, jnp.bfloat16, segs=(docs, other), is_causal=True)
     check_forward("cuda", 2, T, T + 33, 4, 2, 64, jnp.bfloat16,

@@ -3,7 +3,9 @@
 // tiles in shared memory (its 64 rows; wide: its half of the chunks; same
 // swizzled layout), then stored by one thread with
 // TMA (rows >= S are clipped by the tensor maps). Waits for every bulk operation of
-// the CTA's thread (dQ reduce-adds included) before returning.
+// the CTA's thread (dQ reduce-adds included) before returning. kDoc (document tiles,
+// which may end before S inside a warpgroup's 64 keys, where the next tile's keys
+// begin): such a warpgroup copies its keys below key_end with 16-byte stores instead.
 #pragma once
 
 #include <cuda.h>
@@ -20,6 +22,7 @@ struct BwdEpilogue {
   static constexpr int kHeadDim = Tr::kHeadDim;
   static constexpr int kBlockN = Tr::kBlockN;
 
+  template <bool kDoc = false>
   __device__ static void store(const float (&dk)[Tr::kAccRegs], const float (&dv)[Tr::kAccRegs],
                                const CUtensorMap* tm_dk, const CUtensorMap* tm_dv, const BwdSmem<Tr>& sm,
                                const BwdTile& tile, const BwdArgs& args, int wg, int tid) {
@@ -36,10 +39,22 @@ struct BwdEpilogue {
     store_acc_sw128<Elem, Tr::kKvCols>(dv, dv_mul, v_rows, kBlockN * 128, warp * 16 + g, t);
     hptx::fence_proxy_async_smem();
     hptx::named_bar_sync(2 + wg, 128);
+    const int key_wg0 = tile.key_first + (Tr::kWide ? 0 : wg * 64);
+    const int wg_keys = min(tile.key_end, args.seqlen_k) - key_wg0;  // this warpgroup's keys (TMA clips to 64)
+    const bool by_tma = !kDoc || wg_keys >= 64 || tile.key_end >= args.seqlen_k;
+    if constexpr (kDoc) {
+      if (!by_tma && wg_keys > 0) {
+        const AttnParams& p = args.attn;
+        const int64_t at = tile.batch * p.k_batch_stride + tile.kv_head * p.k_head_stride + key_wg0 * p.k_row_stride;
+        const int64_t at_v = tile.batch * p.v_batch_stride + tile.kv_head * p.v_head_stride + key_wg0 * p.v_row_stride;
+        copy_rows_sw128<kWgChunks>(k_rows, kBlockN * 128, wg_keys, static_cast<Elem*>(p.dk) + at, p.k_row_stride, tid);
+        copy_rows_sw128<kWgChunks>(v_rows, kBlockN * 128, wg_keys, static_cast<Elem*>(p.dv) + at_v, p.v_row_stride,
+                                   tid);
+      }
+    }
     if (tid == 0) {
-      const int key_wg0 = tile.n_block * kBlockN + (Tr::kWide ? 0 : wg * 64);
       const int chunk0 = Tr::kWide ? wg * kWgChunks : 0;
-      if (key_wg0 < args.seqlen_k) {
+      if (by_tma && wg_keys > 0) {
 #pragma unroll
         for (int c = 0; c < kWgChunks; ++c) {
           hptx::tma_store_5d(tm_dk, k_rows + c * kBlockN * 128, 0, key_wg0, chunk0 + c, tile.kv_head, tile.batch);

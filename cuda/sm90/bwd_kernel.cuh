@@ -11,6 +11,7 @@
 
 #include <cuda.h>
 
+#include "common/doc_tiles.h"
 #include "common/hopper_ptx.h"
 #include "common/ptx.h"
 #include "sm90/bwd_epilogue.cuh"
@@ -40,22 +41,93 @@ __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   tile.n_block = blockIdx.x;
   tile.kv_head = blockIdx.y;
   tile.batch = blockIdx.z;
+  tile.key_first = tile.n_block * Tr::kBlockN;
+  tile.key_end = tile.key_first + Tr::kBlockN;
+  tile.q_shift = 0;
   tile.m_begin = kCausal ? (tile.n_block * Tr::kBlockN) / Tr::kBlockM : 0;
   tile.m_end = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   if (tile.m_begin > tile.m_end) tile.m_begin = tile.m_end;
   return tile;
 }
 
+// The tile of a CTA of the document-tile grid (kDoc: AttnParams::doc_tiles, built by
+// build_doc_tiles(key_tiles) just before; slots x of (slots, kv heads, batch)): slot x
+// of row b is that row's x-th key tile (most query rows first; `doc` set, its
+// document in doc_rows) or nothing past the row's count; a row whose ids did not
+// qualify (count -1) takes key block x of the usual tiles. Query blocks are left to
+// the kernel. false: no tile.
+template <class Tr>
+__device__ __forceinline__ bool bwd_doc_tile_from_block(const BwdArgs& a, BwdTile& tile, bool& doc,
+                                                        int2& doc_rows) {
+  const int x = (int)blockIdx.x;
+  tile.kv_head = blockIdx.y;
+  tile.batch = blockIdx.z;
+  tile.q_shift = 0;
+  tile.m_begin = tile.m_end = 0;
+  const int4* rec = cuda::doc_tile_records(a.attn.doc_tiles, tile.batch, a.seqlen_q);
+  const int count = __ldg(&rec[0].x);
+  const int4 r = __ldg(rec + 1 + x);  // (x < the capacity: the grid's slots; one round trip with the count)
+  doc = count >= 0;
+  if (doc) {
+    if (x >= count) return false;
+    tile.n_block = 0;  // (the ordered dQ adds, which read it, never run document tiles)
+    tile.key_first = r.x;
+    tile.key_end = r.y;
+    doc_rows = make_int2(r.z, r.w);
+    return true;
+  }
+  if (x >= (a.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN) return false;
+  tile.n_block = x;
+  tile.key_first = x * Tr::kBlockN;
+  tile.key_end = tile.key_first + Tr::kBlockN;
+  return true;
+}
+
+// The MaskView of a masked CTA and its query blocks (every thread; `red`: the exact
+// scan's scratch). A document tile (doc, document doc_rows = [ds, de)) drops the
+// segment ids (its keys see only their own document's queries) and ends queries and
+// keys at de; its query blocks start at its first visible query, not at a multiple
+// of kBlockM, as if the document were alone.
+template <class Tr>
+__device__ __forceinline__ MaskView bwd_mask_tile(BwdTile& tile, const BwdArgs& a, int* red, bool doc,
+                                                  int2 doc_rows) {
+  MaskView view = MaskView::of(a.attn, tile.batch);
+  if (doc) {
+    view.q_seg = view.kv_seg = nullptr;
+    view.q_seg_ranges = view.kv_seg_ranges = nullptr;
+    view.q_len = min(view.q_len, doc_rows.y);
+    view.kv_len = min(view.kv_len, doc_rows.y);
+    const int2 r = view.query_range(tile.key_first, tile.key_end);
+    tile.q_shift = max(r.x, doc_rows.x);
+    tile.m_begin = 0;
+    tile.m_end = r.y > tile.q_shift ? (r.y - tile.q_shift + Tr::kBlockM - 1) / Tr::kBlockM : 0;
+  } else {
+    const int2 blocks = cta_query_blocks<Tr::kBlockM, Tr::kBlockN>(view, tile.key_first, red);
+    tile.m_begin = blocks.x;
+    tile.m_end = blocks.y;
+  }
+  return view;
+}
+
 // kMasked: the call has mask options (window, lengths, segments, soft cap; kCausal
 // false, the causal mask is part of the MaskView): the tile's query blocks narrowed
 // to those whose rows may see one of its keys (every thread computes it; K / V are
-// already loading).
-template <class Tr, bool kCausal, bool kMasked = false>
+// already loading). kDoc (masked, head dims 64 / 128): the grid of document tiles
+// (bwd_doc_tile_from_block).
+template <class Tr, bool kCausal, bool kMasked = false, bool kDoc = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const __grid_constant__ BwdParams params) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const BwdSmem<Tr> sm{(ptx::smem_addr(smem_raw) + 1023u) & ~1023u};
   const BwdArgs& args = params.args;
-  BwdTile tile = bwd_tile_from_block<Tr, kCausal>(args);
+  static_assert(!kDoc || (kMasked && !Tr::kWide && Tr::kBlockN == cuda::kDocTileRows), "document tiles");
+  BwdTile tile;
+  bool doc = false;
+  int2 doc_rows = make_int2(0, 0);
+  if constexpr (kDoc) {
+    if (!bwd_doc_tile_from_block<Tr>(args, tile, doc, doc_rows)) return;  // (uniform)
+  } else {
+    tile = bwd_tile_from_block<Tr, kCausal>(args);
+  }
   // (masked only) the call's MaskView and reduction scratch, in the dynamic window
   uint8_t* const smem = smem_raw + (sm.base - ptx::smem_addr(smem_raw));
   MaskView& mask_view = *reinterpret_cast<MaskView*>(smem + Tr::kOffMask);
@@ -93,11 +165,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     // Every thread builds the view and finds the range itself (range tables: one
     // round of loads per warp, no barrier), before the one barrier; warp 1 (idle
     // in the producer warpgroup) publishes the view for the consumers.
-    const MaskView view = MaskView::of(args.attn, tile.batch);
+    const MaskView view = bwd_mask_tile<Tr>(tile, args, mask_red, doc, doc_rows);
     if (threadIdx.x == 32) mask_view = view;
-    const int2 blocks = cta_query_blocks<Tr::kBlockM, Tr::kBlockN>(view, tile.n_block * Tr::kBlockN, mask_red);
-    tile.m_begin = blocks.x;
-    tile.m_end = blocks.y;
   }
   __syncthreads();
 
@@ -126,7 +195,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     else
       BwdMainloop<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
                                                           &mask_view);
-    BwdEpilogue<Tr>::store(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);
+    BwdEpilogue<Tr>::template store<kDoc>(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);
   }
 }
 

@@ -12,6 +12,7 @@
 #include "sm90/bwd_dispatch.h"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/bwd_traits.cuh"
+#include "sm90/doc_tiles.h"
 #include "sm90/tma_descriptors.cuh"
 
 namespace jaxattn::sm90 {
@@ -66,13 +67,24 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
   kp.args.scale_log2 = (p.softcap > 0.f ? 1.f : p.scale) * static_cast<float>(M_LOG2E);
   kp.args.attn = p;
 
-  // Masked calls: one instantiation (the causal mask is part of the MaskView).
-  void (*kernel)(const BwdParams) = p.has_masks() ? flash_bwd_sm90_kernel<Tr, false, true>
-                                    : p.is_causal ? flash_bwd_sm90_kernel<Tr, true>
-                                                  : flash_bwd_sm90_kernel<Tr, false>;
+  // Masked calls: one instantiation (the causal mask is part of the MaskView), and
+  // one on the grid of document tiles (packed documents, T == S; not the wide tiles,
+  // whose 64 keys are not the documents' 128-row tiles; never deterministic: the
+  // ordered dQ adds go by key block).
+  const bool doc_tiles = !Tr::kWide && p.has_masks() && !p.deterministic && doc_tiles_apply(p, Tr::kBlockN);
+  void (*kernel)(const BwdParams) = doc_tiles      ? flash_bwd_sm90_kernel<Tr, false, true, !Tr::kWide>
+                                    : p.has_masks() ? flash_bwd_sm90_kernel<Tr, false, true>
+                                    : p.is_causal   ? flash_bwd_sm90_kernel<Tr, true>
+                                                    : flash_bwd_sm90_kernel<Tr, false>;
+  if (!doc_tiles) kp.args.attn.doc_tiles = nullptr;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (e != cudaSuccess) return {e, name};
-  const dim3 grid((S + Tr::kBlockN - 1) / Tr::kBlockN, K, p.batch);
+  dim3 grid((S + Tr::kBlockN - 1) / Tr::kBlockN, K, p.batch);
+  if (doc_tiles) {
+    e = build_doc_tiles(p, stream, /*key_tiles=*/true);
+    if (e != cudaSuccess) return {e, "build_doc_tiles"};
+    grid.x = cuda::doc_tile_capacity(S);
+  }
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
   e = cudaGetLastError();
   if (e != cudaSuccess) return {e, name};

@@ -123,8 +123,8 @@ struct BwdMainloop {
   __device__ static void load_kv(const CUtensorMap* tm_k, const CUtensorMap* tm_v, const BwdSmem<Tr>& sm,
                                  const BwdTile& tile) {
     hptx::mbar_arrive_expect_tx(sm.bar_kv(), 2 * Tr::kKVBytes);
-    hptx::tma_load_5d(sm.k(), tm_k, sm.bar_kv(), 0, tile.n_block * kBlockN, 0, tile.kv_head, tile.batch);
-    hptx::tma_load_5d(sm.v(), tm_v, sm.bar_kv(), 0, tile.n_block * kBlockN, 0, tile.kv_head, tile.batch);
+    hptx::tma_load_5d(sm.k(), tm_k, sm.bar_kv(), 0, tile.key_first, 0, tile.kv_head, tile.batch);
+    hptx::tma_load_5d(sm.v(), tm_v, sm.bar_kv(), 0, tile.key_first, 0, tile.kv_head, tile.batch);
   }
 
   // The producer warp (warp 0): lane 0 issues K / V (unless kv_issued: the masked
@@ -149,7 +149,7 @@ struct BwdMainloop {
         // (The row recomputed from an opaque copy of m each step: ptxas otherwise keeps
         // strength-reduced 64-bit row pointers across steps and spills at 24 / 32
         // registers.)
-        const int q0 = ptx::opaque(m) * kBlockM + lane;
+        const int q0 = tile.q_shift + ptx::opaque(m) * kBlockM + lane;
         float l[2], d[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -160,8 +160,8 @@ struct BwdMainloop {
         hptx::mbar_wait(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
         if (lane == 0) {
           hptx::mbar_arrive_expect_tx(sm.bar_q_full(pipe.stage), 2 * Tr::kQBytes);
-          hptx::tma_load_5d(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), 0, m * kBlockM, 0, head, tile.batch);
-          hptx::tma_load_5d(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), 0, m * kBlockM, 0, head,
+          hptx::tma_load_5d(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), 0, q0 - lane, 0, head, tile.batch);
+          hptx::tma_load_5d(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), 0, q0 - lane, 0, head,
                             tile.batch);
         }
         const uint32_t st = sm.stats(pipe.stage) + 4 * lane;
@@ -217,7 +217,7 @@ struct BwdMainloop {
 #pragma unroll
         for (int wg = 0; wg < Tr::kConsumerWarpgroups; ++wg) {
           hptx::mbar_wait(sm.bar_dq_full(wg), phase);
-          add_dq(tm_dq, sm.dq(wg), tile, args, head, m * kBlockM, wg);
+          add_dq(tm_dq, sm.dq(wg), tile, args, head, tile.q_row<kBlockM>(m), wg);
           hptx::bulk_wait_read0();
           hptx::mbar_arrive(sm.bar_dq_empty(wg));
         }
@@ -402,7 +402,7 @@ struct BwdMainloop {
     static_assert(!(kCausal && kMasked), "masked kernels take causal from the MaskView");
     constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int key_wg0 = tile.n_block * kBlockN + wg * 64;  // first key of this warpgroup
+    const int key_wg0 = tile.key_first + wg * 64;  // first key of this warpgroup
     const int key0 = key_wg0 + warp * 16 + g;               // this thread's h = 0 key row
     const uint32_t k_rows = sm.k() + wg * 64 * 128, v_rows = sm.v() + wg * 64 * 128;
     const float sl2 = args.scale_log2;
@@ -413,7 +413,7 @@ struct BwdMainloop {
     float s[kSRegs], dp[kSRegs], dq[kDqRegs];
     uint32_t p[kPRegs], ds[kPRegs];
     BwdStepMask<kMasked, kBlockM> mask(mask_view, args.attn, key0);
-    mask.begin(tile.m_begin < tile.m_end ? tile.m_begin * kBlockM : -1);
+    mask.begin(tile.m_begin < tile.m_end ? tile.q_row<kBlockM>(tile.m_begin) : -1);
 
     hptx::mbar_wait(sm.bar_kv(), 0);
     // At head dim 64, S^T = K Q^T and dP^T = V dO^T take this warpgroup's K / V rows
@@ -436,7 +436,7 @@ struct BwdMainloop {
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
       for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
-        const int q_base = m * kBlockM;
+        const int q_base = tile.q_row<kBlockM>(m);
         const bool last_step = step == n_steps - 1;
 
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
@@ -451,7 +451,7 @@ struct BwdMainloop {
         hptx::wgmma_commit();
         pass_turn(wg);
         const int next_m = next_step_block(tile, args.group, hg, m);
-        mask.load_ids(next_m < 0 ? -1 : next_m * kBlockM, t);
+        mask.load_ids(next_m < 0 ? -1 : tile.q_row<kBlockM>(next_m), t);
         // The step's lse / D columns (shared loads): at head dim 64 in flight while S^T
         // finishes; at 128 (and masked) there are no registers to hold them that long:
         // lse once S^T is in (after its mask), D before waiting for dP^T.

@@ -88,7 +88,7 @@ struct BwdMainloopWide {
     static_assert(!(kCausal && kMasked), "masked kernels take causal from the MaskView");
     constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int key_cta0 = tile.n_block * kBlockN;  // first key of this CTA
+    const int key_cta0 = tile.key_first;  // first key of this CTA
     const int key0 = key_cta0 + warp * 16 + g;    // this thread's h = 0 key row
     const float sl2 = args.scale_log2;
     const int S = args.seqlen_k;
@@ -98,7 +98,7 @@ struct BwdMainloopWide {
     float s[kSRegs], dp[kSRegs], dq[kAccRegs];
     uint32_t pk[kSRegs / 2];
     BwdStepMask<kMasked, kQCols> mask(mask_view, args.attn, key0);
-    mask.begin(tile.m_begin < tile.m_end ? tile.m_begin * kBlockM + wg * kQCols : -1);
+    mask.begin(tile.m_begin < tile.m_end ? tile.q_row<kBlockM>(tile.m_begin) + wg * kQCols : -1);
 
     hptx::mbar_wait(sm.bar_kv(), 0);
     Pipe pipe;
@@ -107,7 +107,7 @@ struct BwdMainloopWide {
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
       for (int m = tile.m_begin; m < tile.m_end; ++m) {
-        const int q_base = m * kBlockM, q0 = q_base + wg * kQCols;
+        const int q_base = tile.q_row<kBlockM>(m), q0 = q_base + wg * kQCols;
 
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
@@ -117,7 +117,7 @@ struct BwdMainloopWide {
         issue_abT<kAdd>(dp, sm.v(), do_tile, wg);
         hptx::wgmma_commit();
         const int next_m = Base::next_step_block(tile, args.group, hg, m);
-        mask.load_ids(next_m < 0 ? -1 : next_m * kBlockM + wg * kQCols, t);
+        mask.load_ids(next_m < 0 ? -1 : tile.q_row<kBlockM>(next_m) + wg * kQCols, t);
 
         // The previous step's reduce-add has read its staging: that stage is free.
         if (tid == 0 && pending_stage >= 0) {

@@ -205,12 +205,19 @@ struct BwdSmem {
   __device__ __forceinline__ uint32_t bar_ds_empty(int b) const { return bar_ds_full(b) + 16; }
 };
 
-// The work of one CTA: key block n_block of (batch, kv_head), and the query blocks
-// [m_begin, m_end) of each of the group's query heads.
+// The work of one CTA: the kBlockN keys from key_first of (batch, kv_head), of which
+// it stores [key_first, key_end), and the query blocks [m_begin, m_end) of each of the
+// group's query heads, block m at rows q_shift + m kBlockM. Usual tiles: key block
+// n_block (key_first = n_block kBlockN, key_end = key_first + kBlockN), q_shift 0. A
+// document tile (common/doc_tiles.h) starts its keys and query blocks where its
+// document's rows do, not at block multiples.
 struct BwdTile {
   int n_block, kv_head, batch;
-  int m_begin, m_end;
+  int key_first, key_end;
+  int m_begin, m_end, q_shift;
   __device__ __forceinline__ int steps(int group) const { return (m_end - m_begin) * group; }
+  template <int kBlockM>
+  __device__ __forceinline__ int q_row(int m) const { return q_shift + m * kBlockM; }
 };
 
 }  // namespace jaxattn::sm90

@@ -9,12 +9,13 @@
 // start); (3) a sum scan places them, in position order, in shared memory; (4) each
 // tile's end is the next tile's start, its document's end the end of the last tile
 // with the same start (a binary search: starts never decrease); (5) a counting sort
-// by key blocks (causal: up to the tile's end; else the document's) writes them
-// longest first.
+// by work writes them longest first: the forward's query tiles by their key blocks
+// (causal: from the document's start to the tile's end; else the whole document), the
+// backward's key tiles (key_tiles) by the query rows that see them (causal: from the
+// tile's start to the document's end; else the whole document).
 #include <climits>
 
-#include "common/doc_tiles.h"
-#include "sm90/fwd_dispatch.h"
+#include "sm90/doc_tiles.h"
 
 namespace jaxattn::sm90 {
 namespace {
@@ -58,9 +59,15 @@ __device__ int block_exclusive_scan(int x, int* scratch, int& total) {
 // The row's ids are read once, coalesced; the passes after that walk a bit mask of
 // the document starts in shared memory (after the records and counters).
 __global__ void __launch_bounds__(kThreads) build_doc_tiles_kernel(const int32_t* q_seg, const int32_t* kv_seg,
-                                                                   int T, bool causal, int32_t* doc_tiles) {
+                                                                   int T, bool causal, bool key_tiles,
+                                                                   int32_t* doc_tiles) {
   extern __shared__ int4 list[];  // [cap] records in position order, [m + 1] counters, [T / 32] start bits
   __shared__ int scratch[32];
+  // A record's work in kDocTileRows blocks (its counting-sort bucket, 0 .. m).
+  auto work = [&](int4 r) {
+    const int rows = !causal ? r.w - r.z : key_tiles ? r.w - r.x : r.y - r.z;
+    return (rows + cuda::kDocTileRows - 1) / cuda::kDocTileRows;
+  };
   const int cap = cuda::doc_tile_capacity(T);
   const int m = (T + cuda::kDocTileRows - 1) / cuda::kDocTileRows;  // the most key blocks of a tile
   int* hist = reinterpret_cast<int*>(list + cap);
@@ -160,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) build_doc_tiles_kernel(const int32_t
     const int doc_end = lo + 1 < total ? list[lo + 1].x : T;
     list[k].y = end;  // (other threads read only .x and .z)
     list[k].w = doc_end;
-    atomicAdd(&hist[((causal ? end : doc_end) - ds + cuda::kDocTileRows - 1) / cuda::kDocTileRows], 1);
+    atomicAdd(&hist[work(make_int4(list[k].x, end, ds, doc_end))], 1);
   }
   __syncthreads();
   // (5) Most key blocks first: bucket j's first slot is the count of tiles with more.
@@ -182,15 +189,14 @@ __global__ void __launch_bounds__(kThreads) build_doc_tiles_kernel(const int32_t
   __syncthreads();
   for (int k = tid; k < total; k += kThreads) {
     const int4 rec = list[k];
-    const int j = ((causal ? rec.y : rec.w) - rec.z + cuda::kDocTileRows - 1) / cuda::kDocTileRows;
-    out[1 + atomicAdd(&hist[j], 1)] = rec;
+    out[1 + atomicAdd(&hist[work(rec)], 1)] = rec;
   }
   if (tid == 0) out[0] = make_int4(total, 0, 0, 0);
 }
 
 }  // namespace
 
-cudaError_t build_doc_tiles(const AttnParams& p, cudaStream_t stream) {
+cudaError_t build_doc_tiles(const AttnParams& p, cudaStream_t stream, bool key_tiles) {
   const int T = p.seqlen_q;
   const int cap = cuda::doc_tile_capacity(T);
   const int m = (T + cuda::kDocTileRows - 1) / cuda::kDocTileRows;
@@ -199,7 +205,7 @@ cudaError_t build_doc_tiles(const AttnParams& p, cudaStream_t stream) {
                                        static_cast<int>(smem));
   if (e != cudaSuccess) return e;
   build_doc_tiles_kernel<<<p.batch, kThreads, smem, stream>>>(p.q_segment_ids, p.kv_segment_ids, T, p.is_causal,
-                                                              p.doc_tiles);
+                                                              key_tiles, p.doc_tiles);
   return cudaGetLastError();
 }
 

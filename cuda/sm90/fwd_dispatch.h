@@ -40,10 +40,6 @@ cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant 
 // flash_fwd_sm90 with a chosen main-loop schedule.
 cuda::LaunchStatus flash_fwd_sm90_variant(const AttnParams& p, cudaStream_t stream, FwdVariant variant);
 
-// Fills p.doc_tiles (common/doc_tiles.h) from the segment ids, one CTA per batch row
-// (sm90/doc_tiles.cu); requires T == S and doc_tile_capacity(T) <= kMaxDocTiles.
-cudaError_t build_doc_tiles(const AttnParams& p, cudaStream_t stream);
-
 // Whether the Hopper forward has kernels for this head dim (the dispatch list).
 bool fwd_head_dim_supported(int head_dim);
 

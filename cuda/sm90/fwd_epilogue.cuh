@@ -62,14 +62,11 @@ struct FwdEpilogue {
       hptx::bulk_commit();
     }
     if constexpr (kShortTiles) {
-      if (!by_tma && wg_rows > 0) {  // row r, chunk c, 16-byte unit u (stored at unit u ^ r % 8)
+      if (!by_tma && wg_rows > 0) {
         const AttnParams& p = args.attn;
-        Elem* out = static_cast<Elem*>(p.o) + tile.batch * p.o_batch_stride + tile.head * p.o_head_stride;
-        for (int i = tid; i < wg_rows * Tr::kChunks * 8; i += 128) {
-          const int u = i % 8, c = (i / 8) % Tr::kChunks, r = i / (8 * Tr::kChunks);
-          const uint4 x = ptx::ld_shared_u32x4(rows + c * kBlockM * 128 + r * 128 + ((u ^ (r % 8)) * 16));
-          *reinterpret_cast<uint4*>(out + (wg_row0 + r) * p.o_row_stride + c * 64 + u * 8) = x;
-        }
+        Elem* out = static_cast<Elem*>(p.o) + tile.batch * p.o_batch_stride + tile.head * p.o_head_stride +
+                    wg_row0 * p.o_row_stride;
+        copy_rows_sw128<Tr::kChunks>(rows, kBlockM * 128, wg_rows, out, p.o_row_stride, tid);
       }
     }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sm90/doc_tiles.h"
 #include "sm90/fwd_dispatch.h"
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/fwd_schedule.cuh"
@@ -85,9 +86,7 @@ cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*k
   const int m_tiles = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   dim3 grid(m_tiles, p.num_heads, p.batch);
   // (the masked kernels' query tiles are 128 rows, as document tiles: run_masked)
-  const bool doc_tiles = Tr::kBlockM == cuda::kDocTileRows && masked && p.doc_tiles != nullptr &&
-                         p.q_segment_ids != nullptr &&
-                         p.seqlen_q == p.seqlen_k && cuda::doc_tile_capacity(p.seqlen_q) <= cuda::kMaxDocTiles;
+  const bool doc_tiles = masked && doc_tiles_apply(p, Tr::kBlockM);
   if (doc_tiles) {
     e = build_doc_tiles(p, stream);
     if (e != cudaSuccess) return {e, "build_doc_tiles"};

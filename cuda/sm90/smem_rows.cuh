@@ -1,6 +1,7 @@
 // Writing wgmma accumulator tiles into 128B-swizzled shared memory (the layout TMA
 // stores and wgmma descriptors read): shared by the forward and backward epilogues
-// and the backward's dS / dQ staging; and reading a tile back as wgmma A fragments.
+// and the backward's dS / dQ staging; reading a tile back as wgmma A fragments; and
+// copying its first rows to global memory where a TMA store would write too many.
 //
 // A chunked tile is [chunks][rows][128 bytes]: chunk c at rows_addr + c * chunk_stride,
 // row r at + r * 128, and the 16-byte unit u of a row stored at unit u ^ (r % 8).
@@ -90,6 +91,20 @@ __device__ __forceinline__ void load_a_frags_sw128(uint32_t (&frag)[kCols / 4], 
     ptx::ldmatrix_x4(x, addr);
 #pragma unroll
     for (int i = 0; i < 4; ++i) frag[4 * kk + i] = x[i];
+  }
+}
+
+// Rows [0, rows) of a chunked 16-bit tile of kChunks chunks to global memory (row r
+// at out + r * row_stride, chunk c at + 64 c elements) with 16-byte stores, by the
+// 128 threads of a warpgroup (tid 0..127): the epilogues of tiles that end inside a
+// warpgroup's 64 rows, where the rows after theirs belong to another tile.
+template <int kChunks, typename Elem>
+__device__ __forceinline__ void copy_rows_sw128(uint32_t rows_addr, uint32_t chunk_stride, int rows, Elem* out,
+                                                int64_t row_stride, int tid) {
+  for (int i = tid; i < rows * kChunks * 8; i += 128) {  // row r, chunk c, 16-byte unit u
+    const int u = i % 8, c = (i / 8) % kChunks, r = i / (8 * kChunks);
+    const uint4 x = ptx::ld_shared_u32x4(rows_addr + c * chunk_stride + r * 128 + ((u ^ (r % 8)) * 16));
+    *reinterpret_cast<uint4*>(out + r * row_stride + c * 64 + u * 8) = x;
   }
 }
 
