@@ -196,21 +196,54 @@ def test_packed_documents_equal_separate_sequences():
                                        rtol=2e-2, err_msg=name)
 
 
-def test_deterministic_masked_gradients_are_identical_bits():
+@pytest.mark.parametrize("H", [64, 128, 256])
+def test_deterministic_masked_gradients_are_identical_bits(H):
+    """deterministic=True with masks (on an H200: the Hopper backward's ordered dQ adds
+    over the masks' closed-form ranges): identical bits run to run, and the values of
+    the default mode."""
     segs = _segments("packed_causal", 2, 300, 300)
-    q, k, v, dout = random_inputs((2, 300, 8, 128), (2, 300, 2, 128), jnp.bfloat16, count=4)
+    q, k, v, dout = random_inputs((2, 300, 8, H), (2, 300, 2, H), jnp.bfloat16, count=4)
     qs, ks = (jnp.asarray(s) for s in segs)
 
-    def loss(q, k, v):
-        out = jaxattn.flash_attention(q, k, v, is_causal=True, local_window_size=(100, 0), q_segment_ids=qs,
-                                      kv_segment_ids=ks, logits_soft_cap=10.0, deterministic=True)
-        return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+    def grads(deterministic):
+        def loss(q, k, v):
+            out = jaxattn.flash_attention(q, k, v, is_causal=True, local_window_size=(100, 0), q_segment_ids=qs,
+                                          kv_segment_ids=ks, logits_soft_cap=10.0, deterministic=deterministic)
+            return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
-    f = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    f = grads(True)
     first = [np.asarray(x).view(np.uint16) for x in f(q, k, v)]
     for _ in range(5):
         for a, b in zip(first, f(q, k, v)):
             np.testing.assert_array_equal(a, np.asarray(b).view(np.uint16))
+    for name, a, b in zip(("dq", "dk", "dv"), f(q, k, v), grads(False)(q, k, v)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-2, rtol=2e-2,
+                                   err_msg=name)
+
+
+# (window, lengths, soft cap, causal, GQA K, ids) of the deterministic masked backward's cases
+DETERMINISTIC_CASES = {
+    "window_causal": dict(window=(70, 0), is_causal=True),
+    "window_both": dict(window=(90, 40)),
+    "lengths": dict(ql=[333, 200], kl=[257, 100]),
+    "segments_causal_gqa": dict(segs="packed_causal", is_causal=True, K=1),
+    "softcap_window_lengths": dict(softcap=15.0, window=(150, 0), is_causal=True, kl=[300, 180]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DETERMINISTIC_CASES))
+@pytest.mark.parametrize("H", [64, 128, 256])
+def test_deterministic_masked_backward(case, H):
+    """deterministic=True with every structured mask (the Hopper backward on an H200)
+    against the float64 reference: each key block waits for exactly the blocks of its
+    run before it (a wrong count hangs or races, a wrong range gives wrong values)."""
+    kw = dict(DETERMINISTIC_CASES[case])
+    K = kw.pop("K", 2)
+    T = S = 333
+    if "segs" in kw:
+        kw["segs"] = _segments(kw["segs"], 2, T, S)
+    check_backward("cuda", 2, T, S, 4, K, H, jnp.bfloat16, deterministic=True, **kw)
 
 
 # ---- document tiles of the Hopper forward (cuda/common/doc_tiles.h) ----------------

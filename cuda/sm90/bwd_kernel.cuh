@@ -84,7 +84,8 @@ __device__ __forceinline__ bool bwd_doc_tile_from_block(const BwdArgs& a, BwdTil
 }
 
 // The MaskView of a masked CTA and its query blocks (every thread; `red`: the exact
-// scan's scratch). A document tile (doc, document doc_rows = [ds, de)) drops the
+// scan's scratch). Deterministic mode keeps the closed-form range (segments aside),
+// which its dQ order counts on (dq_adds_before). A document tile (doc, document doc_rows = [ds, de)) drops the
 // segment ids (its keys see only their own document's queries) and ends queries and
 // keys at de; its query blocks start at its first visible query, not at a multiple
 // of kBlockM, as if the document were alone.
@@ -101,6 +102,10 @@ __device__ __forceinline__ MaskView bwd_mask_tile(BwdTile& tile, const BwdArgs& 
     tile.q_shift = max(r.x, doc_rows.x);
     tile.m_begin = 0;
     tile.m_end = r.y > tile.q_shift ? (r.y - tile.q_shift + Tr::kBlockM - 1) / Tr::kBlockM : 0;
+  } else if (a.dq_semaphore != nullptr) {
+    const int2 blocks = blocks_of<Tr::kBlockM>(view.query_range(tile.key_first, tile.key_first + Tr::kBlockN));
+    tile.m_begin = blocks.x;
+    tile.m_end = blocks.y;
   } else {
     const int2 blocks = cta_query_blocks<Tr::kBlockM, Tr::kBlockN>(view, tile.key_first, red);
     tile.m_begin = blocks.x;
@@ -134,6 +139,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
   int* const mask_red = reinterpret_cast<int*>(smem + Tr::kOffMaskRed);
   static_assert(sizeof(MaskView) <= Tr::kMaskBytes && alignof(MaskView) <= 16, "MaskView fits its slot");
   const int warpgroup = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
+  // The view the deterministic dQ order reads (dq_adds_before; document tiles never
+  // run deterministic, so theirs compiles without it).
+  const MaskView* const dq_view = kMasked && !kDoc ? &mask_view : nullptr;
 
   if (threadIdx.x == 0) {
     hptx::mbar_init(sm.bar_kv(), 1);
@@ -182,7 +190,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
       BwdMainloop<Tr>::produce(&params.tm_q, &params.tm_do, &params.tm_k, &params.tm_v, sm, tile, args,
                                threadIdx.x, kMasked);
     } else if (Tr::kDqWarp && threadIdx.x == 32) {
-      BwdMainloop<Tr>::reduce_dq(&params.tm_dq, sm, tile, args);
+      BwdMainloop<Tr>::reduce_dq(&params.tm_dq, sm, tile, args, dq_view);
     }
   } else {
     hptx::setmaxnreg_inc<Tr::kConsumerRegs>();
@@ -191,10 +199,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     float dk[Tr::kAccRegs], dv[Tr::kAccRegs];
     if constexpr (Tr::kWide)
       BwdMainloopWide<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
-                                                              &mask_view);
+                                                              &mask_view, dq_view);
     else
       BwdMainloop<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
-                                                          &mask_view);
+                                                          &mask_view, dq_view);
     BwdEpilogue<Tr>::template store<kDoc>(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);
   }
 }

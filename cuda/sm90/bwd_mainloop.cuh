@@ -180,15 +180,17 @@ struct BwdMainloop {
   // Adds warpgroup wg's dQ staging (at `stage`) to dq_accum's rows q_base .. of `head`
   // with one TMA reduce-add. Deterministic mode: key block n adds after blocks
   // 0 .. n-1 (two warpgroup adds each, to different columns) and waits for its own
-  // add to land before counting it.
+  // add to land before counting it; masked (view: the CTA's MaskView, else null),
+  // after the blocks of n's run that visit this query block (dq_adds_before).
   __device__ static void add_dq(const CUtensorMap* tm_dq, uint32_t stage, const BwdTile& tile, const BwdArgs& args,
-                                int head, int q_base, int wg) {
+                                int head, int q_base, int wg, const MaskView* view) {
     const int sem_blocks = (args.seqlen_q + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
     int32_t* sem = args.dq_semaphore ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
                                            q_base / kDqSemaphoreRows
                                      : nullptr;
     if (sem) {
-      ptx::wait_counter_geq(sem, 2 * tile.n_block);
+      const int before = view ? dq_adds_before<kBlockM, kBlockN>(*view, tile.n_block, q_base / kBlockM) : tile.n_block;
+      ptx::wait_counter_geq(sem, 2 * before);
       hptx::fence_proxy_async_global();
     }
 #ifndef JAXATTN_EXP_NO_DQ_REDUCE  // timing experiment only: dQ never added
@@ -209,7 +211,7 @@ struct BwdMainloop {
   // staging once the add has read it (dq_empty). The consumers then never wait on a
   // barrier for the add, only (rarely) for the previous add's read.
   __device__ static void reduce_dq(const CUtensorMap* tm_dq, const BwdSmem<Tr>& sm, const BwdTile& tile,
-                                   const BwdArgs& args) {
+                                   const BwdArgs& args, const MaskView* view) {
     uint32_t phase = 0;
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
@@ -217,7 +219,7 @@ struct BwdMainloop {
 #pragma unroll
         for (int wg = 0; wg < Tr::kConsumerWarpgroups; ++wg) {
           hptx::mbar_wait(sm.bar_dq_full(wg), phase);
-          add_dq(tm_dq, sm.dq(wg), tile, args, head, tile.q_row<kBlockM>(m), wg);
+          add_dq(tm_dq, sm.dq(wg), tile, args, head, tile.q_row<kBlockM>(m), wg, view);
           hptx::bulk_wait_read0();
           hptx::mbar_arrive(sm.bar_dq_empty(wg));
         }
@@ -372,7 +374,8 @@ struct BwdMainloop {
   // tile's dQ tiles) or by one thread's reduce-add after the warpgroup's writes.
   __device__ __forceinline__ static void stage_dq(const float (&dq)[kDqRegs], const CUtensorMap* tm_dq,
                                                   const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args,
-                                                  int head, int q_base, int wg, int tid, int dq_index) {
+                                                  int head, int q_base, int wg, int tid, int dq_index,
+                                                  const MaskView* view) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const uint32_t dq_stage = sm.dq(wg);
     if constexpr (Tr::kDqWarp) {
@@ -387,17 +390,18 @@ struct BwdMainloop {
       store_acc_f32_sw128<Tr::kDqCols, Tr::kDqStoreSpread>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
       hptx::fence_proxy_async_smem();
       hptx::named_bar_sync(2 + wg, 128);
-      if (tid == 0) add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
+      if (tid == 0) add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg, view);
     }
   }
 
   // ---- consumer: every step of a tile -------------------------------------------
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127). kMasked: the
   // mask is `mask_view` (shared memory; the causal mask is part of it, kCausal false).
+  // dq_view: the view the deterministic dQ order reads (add_dq), null when none can.
   template <bool kCausal, bool kMasked = false>
   __device__ static void consume(float (&dk)[kAccRegs], float (&dv)[kAccRegs], const CUtensorMap* tm_dq,
                                  const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args, int wg,
-                                 int tid, const MaskView* mask_view = nullptr) {
+                                 int tid, const MaskView* mask_view = nullptr, const MaskView* dq_view = nullptr) {
     static_assert(kBlockM == 64, "one lane pair per two query columns");
     static_assert(!(kCausal && kMasked), "masked kernels take causal from the MaskView");
     constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
@@ -519,12 +523,12 @@ struct BwdMainloop {
           if (step >= 1) {
             __syncwarp();
             if (lane == 0) hptx::mbar_arrive(sm.bar_ds_empty(dq_step & 1));
-            stage_dq(dq, tm_dq, sm, tile, args, prev_head, prev_q_base, wg, tid, step - 1);
+            stage_dq(dq, tm_dq, sm, tile, args, prev_head, prev_q_base, wg, tid, step - 1, dq_view);
           }
           prev_head = head;
           prev_q_base = q_base;
         } else {
-          stage_dq(dq, tm_dq, sm, tile, args, head, q_base, wg, tid, step);
+          stage_dq(dq, tm_dq, sm, tile, args, head, q_base, wg, tid, step, dq_view);
         }
 
         hptx::wgmma_wait<0>();
@@ -546,7 +550,7 @@ struct BwdMainloop {
         hptx::wgmma_commit();
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dq);
-        stage_dq(dq, tm_dq, sm, tile, args, prev_head, prev_q_base, wg, tid, last);
+        stage_dq(dq, tm_dq, sm, tile, args, prev_head, prev_q_base, wg, tid, last, dq_view);
       }
     }
   }

@@ -84,7 +84,7 @@ struct BwdMainloopWide {
   template <bool kCausal, bool kMasked = false>
   __device__ static void consume(float (&dk)[kAccRegs], float (&dv)[kAccRegs], const CUtensorMap* tm_dq,
                                  const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args, int wg,
-                                 int tid, const MaskView* mask_view = nullptr) {
+                                 int tid, const MaskView* mask_view = nullptr, const MaskView* dq_view = nullptr) {
     static_assert(!(kCausal && kMasked), "masked kernels take causal from the MaskView");
     constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -172,7 +172,7 @@ struct BwdMainloopWide {
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
         // (deterministic mode: one add per warpgroup per key block, disjoint columns)
-        if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg);
+        if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg, dq_view);
         pending_stage = pipe.stage;
         pipe.advance();
         buf ^= 1;

@@ -41,8 +41,6 @@ bool sm90_bwd_supports(const AttnParams& p, int cc_major, int cc_minor) {
   if (reinterpret_cast<uintptr_t>(p.dq_accum) % 16 != 0) return false;
   if (p.deterministic && !p.dq_semaphore) return false;
   if (p.bias || p.mask || p.dbias) return false;  // dense bias / mask: the portable kernels
-  // Masked key blocks skip query blocks, which the ordered dQ adds cannot wait past.
-  if (p.deterministic && p.has_masks()) return false;
   using sm90::tmap_bshd_ok;
   const int B = p.batch, T = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, K = p.num_heads_k;
   if (!tmap_bshd_ok(p.q, B, T, N, p.q_batch_stride, p.q_row_stride, p.q_head_stride) ||

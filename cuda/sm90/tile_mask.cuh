@@ -41,6 +41,22 @@ __device__ __forceinline__ int2 cta_query_blocks(const MaskView& m, int n0, int*
                                                    min(n0 + kBlockN, m.kv_len), m.q_seg, m.q_seg_ranges, red));
 }
 
+// The deterministic masked backward's dQ order: how many key blocks before n_block add
+// their dQ into query block m_block. With the closed-form ranges (MaskView::query_range,
+// no segment spans: deterministic CTAs take those) the key blocks visiting a query
+// block are one run, monotone in the key block (ranges only grow, empty ones come
+// last), so its first block is a binary search away and the count is n_block minus it.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int dq_adds_before(const MaskView& m, int n_block, int m_block) {
+  int lo = 0, hi = n_block;  // the run's first key block (n_block is in it)
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if ((m.query_range(mid * kBlockN, mid * kBlockN + kBlockN).y + kBlockM - 1) / kBlockM > m_block) hi = mid;
+    else lo = mid + 1;
+  }
+  return n_block - lo;
+}
+
 // Which of a thread's accumulator elements pair equal segment ids: bit i of
 // the kRegs-element tile is acc[i] = (row h, column 8 j + 2 t + e), i = 4 j + 2 h + e.
 template <int kRegs>
