@@ -38,7 +38,12 @@ struct BwdParams {
 template <class Tr, bool kCausal>
 __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   BwdTile tile;
+#ifdef JAXATTN_EXP_DQ_DESCENDING
+  // Deterministic: highest key block first, the order of the dQ adds (dq_adds_first).
+  tile.n_block = a.dq_semaphore ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+#else
   tile.n_block = blockIdx.x;
+#endif
   tile.kv_head = blockIdx.y;
   tile.batch = blockIdx.z;
   tile.key_first = tile.n_block * Tr::kBlockN;

@@ -177,6 +177,27 @@ struct BwdMainloop {
   }
 
   // ---- dQ reduce-add (one thread) ----------------------------------------------
+  // The deterministic order: how many key blocks add into query block m before this
+  // CTA's (two adds each). Ascending key blocks: block n after blocks 0 .. n-1 of the
+  // run that visits m (masked: view, dq_adds_before; else the run starts at 0).
+  // JAXATTN_EXP_DQ_DESCENDING (not yet measured; docs/perf.md, session 23): after the
+  // blocks above it, with the grid dispatched highest key block first
+  // (bwd_tile_from_block), so a block never waits on one dispatched after it, and under
+  // causal or window ranges each block reaches m after the blocks above it have added.
+  __device__ __forceinline__ static int dq_adds_first(const BwdTile& tile, const BwdArgs& args, int m,
+                                                      const MaskView* view) {
+#ifdef JAXATTN_EXP_DQ_DESCENDING
+    const int n_blocks = (args.seqlen_k + kBlockN - 1) / kBlockN;
+    if (view) return dq_adds_after<kBlockM, kBlockN>(*view, tile.n_block, m, n_blocks);
+    // Unmasked: causal blocks start at query block k kBlockN / kBlockM (bwd_tile_from_block).
+    const int last = args.attn.is_causal ? min(n_blocks - 1, ((m + 1) * kBlockM - 1) / kBlockN) : n_blocks - 1;
+    return last - tile.n_block;
+#else
+    return view ? dq_adds_before<kBlockM, kBlockN>(*view, tile.n_block, m) : tile.n_block;
+#endif
+  }
+
+
   // Adds warpgroup wg's dQ staging (at `stage`) to dq_accum's rows q_base .. of `head`
   // with one TMA reduce-add. Deterministic mode: key block n adds after blocks
   // 0 .. n-1 (two warpgroup adds each, to different columns) and waits for its own
@@ -189,8 +210,7 @@ struct BwdMainloop {
                                            q_base / kDqSemaphoreRows
                                      : nullptr;
     if (sem) {
-      const int before = view ? dq_adds_before<kBlockM, kBlockN>(*view, tile.n_block, q_base / kBlockM) : tile.n_block;
-      ptx::wait_counter_geq(sem, 2 * before);
+      ptx::wait_counter_geq(sem, 2 * dq_adds_first(tile, args, q_base / kBlockM, view));
       hptx::fence_proxy_async_global();
     }
 #ifndef JAXATTN_EXP_NO_DQ_REDUCE  // timing experiment only: dQ never added

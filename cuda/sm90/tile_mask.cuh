@@ -57,6 +57,21 @@ __device__ __forceinline__ int dq_adds_before(const MaskView& m, int n_block, in
   return n_block - lo;
 }
 
+// The same count for the descending order (JAXATTN_EXP_DQ_DESCENDING: key block n adds
+// after the blocks of its run above it; n_blocks: the key blocks of the row). The run's
+// last block is the last one whose range is not empty and starts at or before m_block.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int dq_adds_after(const MaskView& m, int n_block, int m_block, int n_blocks) {
+  int lo = n_block, hi = n_blocks - 1;  // the run's last key block (n_block is in it)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    const int2 r = m.query_range(mid * kBlockN, mid * kBlockN + kBlockN);
+    if (r.y > r.x && r.x / kBlockM <= m_block) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo - n_block;
+}
+
 // Which of a thread's accumulator elements pair equal segment ids: bit i of
 // the kRegs-element tile is acc[i] = (row h, column 8 j + 2 t + e), i = 4 j + 2 h + e.
 template <int kRegs>
