@@ -97,6 +97,18 @@ struct MaskView {
     return !dense || (i < q_len && j < kv_len && dense[dense_at.at(n, i, j)]);
   }
 
+  // The view of a document tile (common/doc_tiles.h): every pair it visits shares one
+  // segment id, so no ids; keys end at kv_end and queries at q_end (the document's end;
+  // the forward passes q_len, its rows lying inside the document already).
+  __device__ MaskView in_document(int kv_end, int q_end) const {
+    MaskView m = *this;
+    m.q_seg = m.kv_seg = nullptr;
+    m.q_seg_ranges = m.kv_seg_ranges = nullptr;
+    m.q_len = min(q_len, q_end);
+    m.kv_len = min(kv_len, kv_end);
+    return m;
+  }
+
   // Keys [x, y) that some query of rows [m0, m1) may see (segments aside).
   __device__ int2 key_range(int m0, int m1) const {
     const int m_end = min(m1, q_len);

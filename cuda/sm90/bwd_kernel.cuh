@@ -90,19 +90,16 @@ __device__ __forceinline__ bool bwd_doc_tile_from_block(const BwdArgs& a, BwdTil
 
 // The MaskView of a masked CTA and its query blocks (every thread; `red`: the exact
 // scan's scratch). Deterministic mode keeps the closed-form range (segments aside),
-// which its dQ order counts on (dq_adds_before). A document tile (doc, document doc_rows = [ds, de)) drops the
-// segment ids (its keys see only their own document's queries) and ends queries and
-// keys at de; its query blocks start at its first visible query, not at a multiple
-// of kBlockM, as if the document were alone.
+// which its dQ order counts on (dq_adds_before). A document tile (doc, document
+// doc_rows = [ds, de)) drops the segment ids (its keys see only their own document's
+// queries) and ends queries and keys at de; its query blocks start at its first
+// visible query, not at a multiple of kBlockM, as if the document were alone.
 template <class Tr>
 __device__ __forceinline__ MaskView bwd_mask_tile(BwdTile& tile, const BwdArgs& a, int* red, bool doc,
                                                   int2 doc_rows) {
   MaskView view = MaskView::of(a.attn, tile.batch);
   if (doc) {
-    view.q_seg = view.kv_seg = nullptr;
-    view.q_seg_ranges = view.kv_seg_ranges = nullptr;
-    view.q_len = min(view.q_len, doc_rows.y);
-    view.kv_len = min(view.kv_len, doc_rows.y);
+    view = view.in_document(doc_rows.y, doc_rows.y);
     const int2 r = view.query_range(tile.key_first, tile.key_end);
     tile.q_shift = max(r.x, doc_rows.x);
     tile.m_begin = 0;

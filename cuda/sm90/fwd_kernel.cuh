@@ -47,9 +47,7 @@ __device__ __forceinline__ void fwd_mask_tile(FwdTile& tile, const FwdArgs& a, M
                                               int2 doc_keys) {
   MaskView view = MaskView::of(a.attn, tile.batch);
   if (doc) {
-    view.q_seg = view.kv_seg = nullptr;
-    view.q_seg_ranges = view.kv_seg_ranges = nullptr;
-    view.kv_len = min(view.kv_len, doc_keys.y);
+    view = view.in_document(doc_keys.y, view.q_len);
     const int2 r = view.key_range(tile.row0, tile.row_end);
     tile.key0 = max(r.x, doc_keys.x);
     tile.n_begin = 0;
