@@ -100,10 +100,10 @@ __device__ __forceinline__ MaskView bwd_mask_tile(BwdTile& tile, const BwdArgs& 
   MaskView view = MaskView::of(a.attn, tile.batch);
   if (doc) {
     view = view.in_document(doc_rows.y, doc_rows.y);
-    const int2 r = view.query_range(tile.key_first, tile.key_end);
-    tile.q_shift = max(r.x, doc_rows.x);
+    const int2 blocks = blocks_from<Tr::kBlockM>(view.query_range(tile.key_first, tile.key_end), doc_rows.x);
+    tile.q_shift = blocks.x;
     tile.m_begin = 0;
-    tile.m_end = r.y > tile.q_shift ? (r.y - tile.q_shift + Tr::kBlockM - 1) / Tr::kBlockM : 0;
+    tile.m_end = blocks.y;
   } else if (a.dq_semaphore != nullptr) {
     const int2 blocks = blocks_of<Tr::kBlockM>(view.query_range(tile.key_first, tile.key_first + Tr::kBlockN));
     tile.m_begin = blocks.x;

@@ -48,10 +48,10 @@ __device__ __forceinline__ void fwd_mask_tile(FwdTile& tile, const FwdArgs& a, M
   MaskView view = MaskView::of(a.attn, tile.batch);
   if (doc) {
     view = view.in_document(doc_keys.y, view.q_len);
-    const int2 r = view.key_range(tile.row0, tile.row_end);
-    tile.key0 = max(r.x, doc_keys.x);
+    const int2 blocks = blocks_from<Tr::kBlockN>(view.key_range(tile.row0, tile.row_end), doc_keys.x);
+    tile.key0 = blocks.x;
     tile.n_begin = 0;
-    tile.n_blocks = r.y > tile.key0 ? (r.y - tile.key0 + Tr::kBlockN - 1) / Tr::kBlockN : 0;
+    tile.n_blocks = blocks.y;
   } else {
     const int2 blocks = cta_key_blocks<Tr::kBlockM, Tr::kBlockN>(view, tile.row0, red);
     tile.n_begin = blocks.x;

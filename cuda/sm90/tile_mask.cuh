@@ -25,6 +25,15 @@ __device__ __forceinline__ int2 blocks_of(int2 r) {
   return r.y > r.x ? make_int2(r.x / kBlock, (r.y + kBlock - 1) / kBlock) : make_int2(0, 0);
 }
 
+// A document tile's blocks of size kBlock of the range r (keys of its query rows, or
+// queries of its keys) started at its document's first row or later: (first row of
+// block 0, blocks); (r.x, 0) when nothing is left.
+template <int kBlock>
+__device__ __forceinline__ int2 blocks_from(int2 r, int doc_start) {
+  const int first = max(r.x, doc_start);
+  return make_int2(first, r.y > first ? (r.y - first + kBlock - 1) / kBlock : 0);
+}
+
 // Key blocks of size kBlockN that query rows [m0, m0 + kBlockM) of a CTA may see;
 // with segment ids, only keys whose ids fall in the rows' id range. Every thread of
 // the CTA calls it (block-wide scans; red: 2 ints of shared memory).
