@@ -322,4 +322,42 @@ __device__ __forceinline__ float softcap_grad(float capped, float inv_cap) {
   return 1.f - t * t;
 }
 
+// ---- the deterministic backward's dQ order (sm80 dq_step, sm90 add_dq) -----------
+// Key blocks (kBlockN keys) add into a query block (kBlockM rows) one after the other.
+// With the closed-form ranges (MaskView::query_range, no segment spans: deterministic
+// CTAs take those) the key blocks visiting a query block are one run, monotone in the
+// key block (range starts and ends only grow, empty ranges come last), so its ends
+// are a binary search away.
+// Ascending order: how many blocks of m_block's run come before n_block.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int dq_adds_before(const MaskView& m, int n_block, int m_block) {
+  int lo = 0, hi = n_block;  // the run's first key block (n_block is in it)
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if ((m.query_range(mid * kBlockN, mid * kBlockN + kBlockN).y + kBlockM - 1) / kBlockM > m_block) hi = mid;
+    else lo = mid + 1;
+  }
+  return n_block - lo;
+}
+// Descending order (JAXATTN_EXP_DQ_DESCENDING): how many come after it (n_blocks: the
+// row's key blocks). The run's last block is the last whose range is not empty and
+// starts at or before m_block.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int dq_adds_after(const MaskView& m, int n_block, int m_block, int n_blocks) {
+  int lo = n_block, hi = n_blocks - 1;  // the run's last key block (n_block is in it)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    const int2 r = m.query_range(mid * kBlockN, mid * kBlockN + kBlockN);
+    if (r.y > r.x && r.x / kBlockM <= m_block) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo - n_block;
+}
+// The last key block that visits m_block without masks (causal: blocks start at query
+// block n kBlockN / kBlockM; else every block visits every query block).
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int dq_run_last(bool causal, int m_block, int n_blocks) {
+  return causal ? min(n_blocks - 1, ((m_block + 1) * kBlockM - 1) / kBlockN) : n_blocks - 1;
+}
+
 }  // namespace jaxattn::cuda

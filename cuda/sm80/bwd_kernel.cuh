@@ -57,7 +57,13 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
   const int T = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, G = p.num_heads / p.num_heads_k;
   const int hd = p.head_dim;
   const bool causal = p.is_causal;
-  const int n_block = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
+#ifdef JAXATTN_EXP_DQ_DESCENDING
+  // Deterministic: highest key block first, the order of the dQ adds (dq_step).
+  const int n_block = p.deterministic ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+#else
+  const int n_block = blockIdx.x;
+#endif
+  const int kv_head = blockIdx.y, b = blockIdx.z;
   const int n0 = n_block * kBN;
 
   const Elem* k = static_cast<const Elem*>(p.k) + b * p.k_batch_stride +
@@ -176,17 +182,15 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
     if (sem) {
       // Masked: the key blocks that visit this query block are a contiguous
       // run (closed-form ranges, monotone in the key block); this block adds
-      // after those of the run before it.
-      int before = n_block;
-      if constexpr (kMasked) {
-        int lo = 0, hi = n_block;  // the first block of the run (n_block is in it)
-        while (lo < hi) {
-          const int mid = (lo + hi) / 2;
-          const int2 rows = mask.query_range(mid * kBN, mid * kBN + kBN);
-          if ((rows.y + kBM - 1) / kBM > m0 / kBM) hi = mid; else lo = mid + 1;
-        }
-        before = n_block - lo;
-      }
+      // after those of the run before it (common/mask.cuh; descending: after
+      // those above it, the grid dispatched highest key block first).
+#ifdef JAXATTN_EXP_DQ_DESCENDING
+      const int n_blocks = (S + kBN - 1) / kBN;
+      const int before = kMasked ? dq_adds_after<kBM, kBN>(mask, n_block, m0 / kBM, n_blocks)
+                                 : dq_run_last<kBM, kBN>(causal, m0 / kBM, n_blocks) - n_block;
+#else
+      const int before = kMasked ? dq_adds_before<kBM, kBN>(mask, n_block, m0 / kBM) : n_block;
+#endif
       if (threadIdx.x == 0) ptx::wait_counter_geq(sem, before);
       __syncthreads();
     }

@@ -189,9 +189,7 @@ struct BwdMainloop {
 #ifdef JAXATTN_EXP_DQ_DESCENDING
     const int n_blocks = (args.seqlen_k + kBlockN - 1) / kBlockN;
     if (view) return dq_adds_after<kBlockM, kBlockN>(*view, tile.n_block, m, n_blocks);
-    // Unmasked: causal blocks start at query block k kBlockN / kBlockM (bwd_tile_from_block).
-    const int last = args.attn.is_causal ? min(n_blocks - 1, ((m + 1) * kBlockM - 1) / kBlockN) : n_blocks - 1;
-    return last - tile.n_block;
+    return cuda::dq_run_last<kBlockM, kBlockN>(args.attn.is_causal, m, n_blocks) - tile.n_block;
 #else
     return view ? dq_adds_before<kBlockM, kBlockN>(*view, tile.n_block, m) : tile.n_block;
 #endif

@@ -18,6 +18,8 @@
 namespace jaxattn::sm90 {
 
 using cuda::MaskView;
+using cuda::dq_adds_after;
+using cuda::dq_adds_before;
 
 // The blocks [first, end) of size kBlock of the range [lo, hi) ((0, 0) stays empty).
 template <int kBlock>
@@ -48,37 +50,6 @@ template <int kBlockM, int kBlockN>
 __device__ __forceinline__ int2 cta_query_blocks(const MaskView& m, int n0, int* red) {
   return blocks_of<kBlockM>(cuda::cta_segment_span(m.query_range(n0, n0 + kBlockN), m.kv_seg, m.kv_seg_ranges, n0,
                                                    min(n0 + kBlockN, m.kv_len), m.q_seg, m.q_seg_ranges, red));
-}
-
-// The deterministic masked backward's dQ order: how many key blocks before n_block add
-// their dQ into query block m_block. With the closed-form ranges (MaskView::query_range,
-// no segment spans: deterministic CTAs take those) the key blocks visiting a query
-// block are one run, monotone in the key block (ranges only grow, empty ones come
-// last), so its first block is a binary search away and the count is n_block minus it.
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ int dq_adds_before(const MaskView& m, int n_block, int m_block) {
-  int lo = 0, hi = n_block;  // the run's first key block (n_block is in it)
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if ((m.query_range(mid * kBlockN, mid * kBlockN + kBlockN).y + kBlockM - 1) / kBlockM > m_block) hi = mid;
-    else lo = mid + 1;
-  }
-  return n_block - lo;
-}
-
-// The same count for the descending order (JAXATTN_EXP_DQ_DESCENDING: key block n adds
-// after the blocks of its run above it; n_blocks: the key blocks of the row). The run's
-// last block is the last one whose range is not empty and starts at or before m_block.
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ int dq_adds_after(const MaskView& m, int n_block, int m_block, int n_blocks) {
-  int lo = n_block, hi = n_blocks - 1;  // the run's last key block (n_block is in it)
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    const int2 r = m.query_range(mid * kBlockN, mid * kBlockN + kBlockN);
-    if (r.y > r.x && r.x / kBlockM <= m_block) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo - n_block;
 }
 
 // Which of a thread's accumulator elements pair equal segment ids: bit i of
