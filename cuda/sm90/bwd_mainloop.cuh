@@ -189,12 +189,11 @@ struct BwdMainloop {
 #ifdef JAXATTN_EXP_DQ_DESCENDING
     const int n_blocks = (args.seqlen_k + kBlockN - 1) / kBlockN;
     if (view) return dq_adds_after<kBlockM, kBlockN>(*view, tile.n_block, m, n_blocks);
-    return cuda::dq_run_last<kBlockM, kBlockN>(args.attn.is_causal, m, n_blocks) - tile.n_block;
+    return dq_run_last<kBlockM, kBlockN>(args.attn.is_causal, m, n_blocks) - tile.n_block;
 #else
     return view ? dq_adds_before<kBlockM, kBlockN>(*view, tile.n_block, m) : tile.n_block;
 #endif
   }
-
 
   // Adds warpgroup wg's dQ staging (at `stage`) to dq_accum's rows q_base .. of `head`
   // with one TMA reduce-add. Deterministic mode: key block n adds after blocks
