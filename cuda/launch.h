@@ -39,9 +39,8 @@ LaunchStatus flash_bwd_sm90(const AttnParams& p, cudaStream_t stream);
 // The dispatch rule between the Hopper and the portable kernels, asked by the
 // FFI handlers and by jaxattn.kernel_for (bindings/module.cc): the Hopper
 // kernel where it covers the call. Both take windows, lengths, segments and
-// the soft cap; the dense bias / mask, and (backward) masked calls in
-// deterministic mode, run the portable kernels (the latter on the Hopper kernel
-// with -DJAXATTN_EXP_DET_MASKED_SM90, sm90/launch_bwd.cu).
+// the soft cap (in deterministic mode too); the dense bias / mask runs the
+// portable kernels.
 inline bool fwd_on_sm90(const AttnParams& p, int cc_major, int cc_minor) {
 #ifdef JAXATTN_WITH_SM90
   return sm90_fwd_supports(p, cc_major, cc_minor);

@@ -7,8 +7,8 @@ elsewhere. A forced implementation that cannot run the call raises
 NotImplementedError naming why, so callers can fall back.
 
 Masks on GPUs: local windows, per-batch lengths, segment ids and the soft cap
-run on the Hopper kernels on an H100/H200 (both passes; the backward of such a
-call in deterministic mode runs the portable kernel); the dense bias / mask runs
+run on the Hopper kernels on an H100/H200 (both passes, deterministic mode
+included); the dense bias / mask runs
 on the portable (sm80) kernels on every GPU. The C++ side of this rule is
 cuda::fwd_on_sm90 / bwd_on_sm90 in cuda/launch.h.
 """

@@ -675,11 +675,11 @@ def hopper_built() -> bool:
 
 def expected_masked_kernels(feature: str, cc: tuple[int, int], deterministic: bool = False) -> str:
     """The rule, written out: on a Hopper (9.0) build and device, windows, lengths,
-    segments and the soft cap run the Hopper forward and backward (the backward in
-    deterministic mode: the portable one); a dense bias / mask, and every other GPU,
-    the portable kernels."""
+    segments and the soft cap run the Hopper forward and backward (deterministic mode
+    too); a dense bias / mask, and every other GPU, the portable kernels."""
+    del deterministic  # (the same kernels either way)
     hopper = cc == (9, 0) and hopper_built() and feature not in DENSE
-    return f"cuda:fwd={'sm90' if hopper else 'sm80'},bwd={'sm90' if hopper and not deterministic else 'sm80'}"
+    return f"cuda:fwd={'sm90' if hopper else 'sm80'},bwd={'sm90' if hopper else 'sm80'}"
 
 
 @pytest.fixture
@@ -711,15 +711,15 @@ def test_kernel_for_cuda_platform_masked(feature, as_if_built_with_cuda):
 @pytest.mark.parametrize("hopper", [False, True])
 def test_kernel_names_masked(hopper):
     """The C++ rule (cuda::fwd_on_sm90 / bwd_on_sm90) asked directly for a given device:
-    structured masks (1) on the Hopper kernels of a Hopper build, except the
-    deterministic backward; dense bias / mask (2) never."""
+    structured masks (1) on the Hopper kernels of a Hopper build, deterministic
+    backward included; dense bias / mask (2) never."""
     from jaxattn._extension import _jaxattn
     cc = (9, 0) if hopper else (8, 0)
     sizes = (1, 256, 256, 4, 4, 128, True)
     on_hopper = "sm90" if hopper and hopper_built() else "sm80"
     assert _jaxattn.cuda_forward_kernel(*sizes, 1, *cc) == on_hopper
     assert _jaxattn.cuda_backward_kernel(*sizes, False, 1, *cc) == on_hopper
-    assert _jaxattn.cuda_backward_kernel(*sizes, True, 1, *cc) == "sm80"
+    assert _jaxattn.cuda_backward_kernel(*sizes, True, 1, *cc) == on_hopper
     assert _jaxattn.cuda_forward_kernel(*sizes, 2, *cc) == "sm80"
     assert _jaxattn.cuda_backward_kernel(*sizes, False, 2, *cc) == "sm80"
     assert _jaxattn.cuda_backward_kernel(*sizes, True, 0, *cc) == on_hopper  # (unmasked: ordered dQ adds)

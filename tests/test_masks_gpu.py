@@ -198,9 +198,8 @@ def test_packed_documents_equal_separate_sequences():
 
 @pytest.mark.parametrize("H", [64, 128, 256])
 def test_deterministic_masked_gradients_are_identical_bits(H):
-    """deterministic=True with masks (the portable backward; the Hopper one with
-    -DJAXATTN_EXP_DET_MASKED_SM90): identical bits run to run, and the values of the
-    default mode."""
+    """deterministic=True with masks (the Hopper backward on an H100/H200, else the
+    portable one): identical bits run to run, and the values of the default mode."""
     segs = _segments("packed_causal", 2, 300, 300)
     q, k, v, dout = random_inputs((2, 300, 8, H), (2, 300, 2, H), jnp.bfloat16, count=4)
     qs, ks = (jnp.asarray(s) for s in segs)
@@ -236,15 +235,27 @@ DETERMINISTIC_CASES = {
 @pytest.mark.parametrize("H", [64, 128, 256])
 def test_deterministic_masked_backward(case, H):
     """deterministic=True with every structured mask against the float64 reference:
-    each key block waits for exactly the blocks of its run before it (a wrong count
-    hangs or races, a wrong range gives wrong values). Portable backward; the Hopper
-    one with -DJAXATTN_EXP_DET_MASKED_SM90 (H200, session 23: 18 / 18 with it)."""
+    each key block waits for exactly the blocks of its run above it (a wrong count
+    hangs or races, a wrong range gives wrong values). The Hopper backward on an
+    H100/H200 (the portable one: test_deterministic_masked_backward_portable)."""
     kw = dict(DETERMINISTIC_CASES[case])
     K = kw.pop("K", 2)
     T = S = 333
     if "segs" in kw:
         kw["segs"] = _segments(kw["segs"], 2, T, S)
     check_backward("cuda", 2, T, S, 4, K, H, jnp.bfloat16, deterministic=True, **kw)
+
+
+@pytest.mark.parametrize("case", sorted(DETERMINISTIC_CASES))
+def test_deterministic_masked_backward_portable(case):
+    """The same cases on the portable backward (every GPU but the H100/H200, and
+    head dims the Hopper kernels do not cover), whose dQ order is the same."""
+    kw = dict(DETERMINISTIC_CASES[case])
+    K = kw.pop("K", 2)
+    T = S = 333
+    if "segs" in kw:
+        kw["segs"] = _segments(kw["segs"], 2, T, S)
+    check_backward("cuda_sm80", 2, T, S, 4, K, 128, jnp.bfloat16, deterministic=True, **kw)
 
 
 # ---- document tiles of the Hopper forward (cuda/common/doc_tiles.h) ----------------

@@ -327,21 +327,13 @@ __device__ __forceinline__ float softcap_grad(float capped, float inv_cap) {
 // With the closed-form ranges (MaskView::query_range, no segment spans: deterministic
 // CTAs take those) the key blocks visiting a query block are one run, monotone in the
 // key block (range starts and ends only grow, empty ranges come last), so its ends
-// are a binary search away.
-// Ascending order: how many blocks of m_block's run come before n_block.
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ int dq_adds_before(const MaskView& m, int n_block, int m_block) {
-  int lo = 0, hi = n_block;  // the run's first key block (n_block is in it)
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if ((m.query_range(mid * kBlockN, mid * kBlockN + kBlockN).y + kBlockM - 1) / kBlockM > m_block) hi = mid;
-    else lo = mid + 1;
-  }
-  return n_block - lo;
-}
-// Descending order (JAXATTN_EXP_DQ_DESCENDING): how many come after it (n_blocks: the
-// row's key blocks). The run's last block is the last whose range is not empty and
-// starts at or before m_block.
+// are a binary search away. The order is descending (the grids dispatch the highest
+// key block first): block n adds after the blocks of its run above it, so under
+// causal or window ranges each block reaches a query block after those above it
+// have added (ascending, block n waited ~2n steps: docs/perf.md, sessions 23-24).
+// How many blocks of m_block's run come after n_block (n_blocks: the row's key
+// blocks). The run's last block is the last whose range is not empty and starts at
+// or before m_block.
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ int dq_adds_after(const MaskView& m, int n_block, int m_block, int n_blocks) {
   int lo = n_block, hi = n_blocks - 1;  // the run's last key block (n_block is in it)

@@ -57,12 +57,8 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
   const int T = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, G = p.num_heads / p.num_heads_k;
   const int hd = p.head_dim;
   const bool causal = p.is_causal;
-#ifdef JAXATTN_EXP_DQ_DESCENDING
   // Deterministic: highest key block first, the order of the dQ adds (dq_step).
   const int n_block = p.deterministic ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-#else
-  const int n_block = blockIdx.x;
-#endif
   const int kv_head = blockIdx.y, b = blockIdx.z;
   const int n0 = n_block * kBN;
 
@@ -176,21 +172,17 @@ __global__ void __launch_bounds__(Tile::kThreads, kMasked ? 1 : Tile::kMinBlocks
     gemm_ss_atb<Elem, kDqM, kDq8, kBN, kDsPitch, kPitch>(
         dq, ds_addr_t + (step & 1) * kBN * kDsPitch * 2, k_addr_t);
     float* dq_accum = p.dq_accum + (int64_t(b) * T * N + head) * hd;
-    // Deterministic mode: key block n adds after blocks 0 .. n-1 (one count each).
+    // Deterministic mode: key block n adds after the blocks above it (one count each).
     int32_t* sem = p.deterministic ? p.dq_semaphore + (int64_t(b) * N + head) * sem_blocks + m0 / kDqSemaphoreRows
                                    : nullptr;
     if (sem) {
-      // Masked: the key blocks that visit this query block are a contiguous
-      // run (closed-form ranges, monotone in the key block); this block adds
-      // after those of the run before it (common/mask.cuh; descending: after
-      // those above it, the grid dispatched highest key block first).
-#ifdef JAXATTN_EXP_DQ_DESCENDING
+      // The key blocks that visit this query block are a contiguous run (masked:
+      // closed-form ranges, monotone in the key block); this block adds after
+      // those of the run above it, the grid dispatched highest key block first
+      // (common/mask.cuh).
       const int n_blocks = (S + kBN - 1) / kBN;
       const int before = kMasked ? dq_adds_after<kBM, kBN>(mask, n_block, m0 / kBM, n_blocks)
                                  : dq_run_last<kBM, kBN>(causal, m0 / kBM, n_blocks) - n_block;
-#else
-      const int before = kMasked ? dq_adds_before<kBM, kBN>(mask, n_block, m0 / kBM) : n_block;
-#endif
       if (threadIdx.x == 0) ptx::wait_counter_geq(sem, before);
       __syncthreads();
     }

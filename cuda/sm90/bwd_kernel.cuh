@@ -38,12 +38,8 @@ struct BwdParams {
 template <class Tr, bool kCausal>
 __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   BwdTile tile;
-#ifdef JAXATTN_EXP_DQ_DESCENDING
   // Deterministic: highest key block first, the order of the dQ adds (dq_adds_first).
   tile.n_block = a.dq_semaphore ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-#else
-  tile.n_block = blockIdx.x;
-#endif
   tile.kv_head = blockIdx.y;
   tile.batch = blockIdx.z;
   tile.key_first = tile.n_block * Tr::kBlockN;
@@ -90,7 +86,7 @@ __device__ __forceinline__ bool bwd_doc_tile_from_block(const BwdArgs& a, BwdTil
 
 // The MaskView of a masked CTA and its query blocks (every thread; `red`: the exact
 // scan's scratch). Deterministic mode keeps the closed-form range (segments aside),
-// which its dQ order counts on (dq_adds_before). A document tile (doc, document
+// which its dQ order counts on (dq_adds_after). A document tile (doc, document
 // doc_rows = [ds, de)) drops the segment ids (its keys see only their own document's
 // queries) and ends queries and keys at de; its query blocks start at its first
 // visible query, not at a multiple of kBlockM, as if the document were alone.
@@ -141,7 +137,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
   int* const mask_red = reinterpret_cast<int*>(smem + Tr::kOffMaskRed);
   static_assert(sizeof(MaskView) <= Tr::kMaskBytes && alignof(MaskView) <= 16, "MaskView fits its slot");
   const int warpgroup = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
-  // The view the deterministic dQ order reads (dq_adds_before; document tiles never
+  // The view the deterministic dQ order reads (dq_adds_after; document tiles never
   // run deterministic, so theirs compiles without it).
   const MaskView* const dq_view = kMasked && !kDoc ? &mask_view : nullptr;
 

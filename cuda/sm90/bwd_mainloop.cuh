@@ -178,28 +178,24 @@ struct BwdMainloop {
 
   // ---- dQ reduce-add (one thread) ----------------------------------------------
   // The deterministic order: how many key blocks add into query block m before this
-  // CTA's (two adds each). Ascending key blocks: block n after blocks 0 .. n-1 of the
-  // run that visits m (masked: view, dq_adds_before; else the run starts at 0).
-  // JAXATTN_EXP_DQ_DESCENDING (not yet measured; docs/perf.md, session 23): after the
-  // blocks above it, with the grid dispatched highest key block first
-  // (bwd_tile_from_block), so a block never waits on one dispatched after it, and under
-  // causal or window ranges each block reaches m after the blocks above it have added.
+  // CTA's (two adds each). Descending key blocks: block n after the blocks above it in
+  // the run that visits m (masked: view, dq_adds_after; else dq_run_last), with the
+  // grid dispatched highest key block first (bwd_tile_from_block), so a block never
+  // waits on one dispatched after it, and under causal or window ranges each block
+  // reaches m after the blocks above it have added (ascending, block n waited ~2n
+  // steps: 2-3.8x the default mode's time; docs/perf.md, sessions 23-24).
   __device__ __forceinline__ static int dq_adds_first(const BwdTile& tile, const BwdArgs& args, int m,
                                                       const MaskView* view) {
-#ifdef JAXATTN_EXP_DQ_DESCENDING
     const int n_blocks = (args.seqlen_k + kBlockN - 1) / kBlockN;
     if (view) return dq_adds_after<kBlockM, kBlockN>(*view, tile.n_block, m, n_blocks);
     return dq_run_last<kBlockM, kBlockN>(args.attn.is_causal, m, n_blocks) - tile.n_block;
-#else
-    return view ? dq_adds_before<kBlockM, kBlockN>(*view, tile.n_block, m) : tile.n_block;
-#endif
   }
 
   // Adds warpgroup wg's dQ staging (at `stage`) to dq_accum's rows q_base .. of `head`
-  // with one TMA reduce-add. Deterministic mode: key block n adds after blocks
-  // 0 .. n-1 (two warpgroup adds each, to different columns) and waits for its own
-  // add to land before counting it; masked (view: the CTA's MaskView, else null),
-  // after the blocks of n's run that visit this query block (dq_adds_before).
+  // with one TMA reduce-add. Deterministic mode: key block n adds after the blocks
+  // above it that visit this query block (two warpgroup adds each, to different
+  // columns; dq_adds_first, view: the CTA's MaskView, else null) and waits for its own
+  // add to land before counting it.
   __device__ static void add_dq(const CUtensorMap* tm_dq, uint32_t stage, const BwdTile& tile, const BwdArgs& args,
                                 int head, int q_base, int wg, const MaskView* view) {
     const int sem_blocks = (args.seqlen_q + kDqSemaphoreRows - 1) / kDqSemaphoreRows;

@@ -41,15 +41,6 @@ bool sm90_bwd_supports(const AttnParams& p, int cc_major, int cc_minor) {
   if (reinterpret_cast<uintptr_t>(p.dq_accum) % 16 != 0) return false;
   if (p.deterministic && !p.dq_semaphore) return false;
   if (p.bias || p.mask || p.dbias) return false;  // dense bias / mask: the portable kernels
-#ifndef JAXATTN_EXP_DET_MASKED_SM90
-  // Masked calls in deterministic mode: the portable backward. The Hopper kernel runs
-  // them correctly with this switch (its dQ order over the masks' closed-form ranges,
-  // dq_adds_before; H200 session 23 run 4: every deterministic test passes) but its
-  // ascending key-block order makes a sliding window's blocks wait in a wavefront
-  // (3.8x the default mode's time at T=16K, window 4096), and the portable kernel's
-  // time there has not been measured against it: docs/perf.md, session 23.
-  if (p.deterministic && p.has_masks()) return false;
-#endif
   using sm90::tmap_bshd_ok;
   const int B = p.batch, T = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, K = p.num_heads_k;
   if (!tmap_bshd_ok(p.q, B, T, N, p.q_batch_stride, p.q_row_stride, p.q_head_stride) ||

@@ -19,7 +19,6 @@ namespace jaxattn::sm90 {
 
 using cuda::MaskView;
 using cuda::dq_adds_after;
-using cuda::dq_adds_before;
 using cuda::dq_run_last;
 
 // The blocks [first, end) of size kBlock of the range [lo, hi) ((0, 0) stays empty).
