@@ -72,7 +72,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const FwdSmem<Tr> sm{(ptx::smem_addr(smem_raw) + 1023u) & ~1023u};
   const FwdArgs& args = params.args;
-  constexpr int kPreloadKV = Tr::preload_kv(kCausal, kPersistent);
+  // Chained tiles (FwdMainloop::consume; -DJAXATTN_EXP_FWD_CHAIN, being measured): the
+  // persistent grid with the O buffer.
+#ifdef JAXATTN_EXP_FWD_CHAIN
+  constexpr bool kChain = kPersistent && kOverlap && Tr::kSeparateO;
+#else
+  constexpr bool kChain = false;
+#endif
+  constexpr int kPreloadKV =
+      kChain && Tr::preload_kv(kCausal, kPersistent) > Tr::kStages - 1 ? Tr::kStages - 1
+             : Tr::preload_kv(kCausal, kPersistent);
   const int num_tiles = kPersistent ? ((args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM) * args.num_heads * args.batch
                                     : 1;
 
@@ -144,7 +153,32 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
     const int tid = threadIdx.x % 128;
     float o[Tr::kHeadDim / 2];
     OnlineSoftmax<Tr::kBlockN> softmax;
-    if constexpr (kPersistent) {
+    if constexpr (kChain) {
+      auto epilogue = [&](float (&o_)[Tr::kHeadDim / 2], OnlineSoftmax<Tr::kBlockN>& sm_, const FwdTile& t) {
+        FwdEpilogue<Tr>::store(o_, sm_, &params.tm_o, sm, t, args, wg, tid);
+      };
+      FwdTile t;
+      if constexpr (kCausal) {
+        int j = 0;
+        if (fwd_causal_cta_tile<Tr>(args, blockIdx.x, j, t)) {
+          auto next = [&](FwdTile& nt) { return fwd_causal_cta_tile<Tr>(args, blockIdx.x, ++j, nt); };
+          FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, false, true>(
+              o, softmax, sm, t, args, wg, tid, pipe, 0u, nullptr, next, epilogue);
+        }
+      } else {
+        int idx = blockIdx.x;
+        if (idx < num_tiles) {
+          auto next = [&](FwdTile& nt) {
+            idx += gridDim.x;
+            if (idx >= num_tiles) return false;
+            nt = fwd_tile<Tr>(args, idx);
+            return true;
+          };
+          FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, false, true>(
+              o, softmax, sm, fwd_tile<Tr>(args, idx), args, wg, tid, pipe, 0u, nullptr, next, epilogue);
+        }
+      }
+    } else if constexpr (kPersistent) {
       uint32_t q_phase = 0;
       auto run = [&](const FwdTile& t) {
         FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, false, Tr::kSeparateO>(

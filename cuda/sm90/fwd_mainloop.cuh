@@ -17,6 +17,8 @@
 
 #include <cuda.h>
 
+#include <type_traits>
+
 #include "common/hopper_ptx.h"
 #include "common/ptx.h"
 #include "sm90/fwd_smem.cuh"
@@ -137,15 +139,36 @@ struct FwdMainloop {
   // tile (no visible key) runs no block and leaves O = 0, lse = -inf. kReleaseQ
   // (persistent grid with Tr::kSeparateO): each warp arrives on q_empty once the
   // tile's last S wgmma has read Q, so the next tile's Q loads meanwhile.
-  template <bool kCausal, bool kOverlap, bool kPingpong, bool kMasked = false, bool kReleaseQ = false>
+  //
+  // Chained tiles (kOverlap, unmasked, persistent grid with Tr::kSeparateO; a
+  // NextTile callable given): consume() runs every tile of the CTA, next_tile(t)
+  // giving the one after (false: none), and calls epilogue(o, softmax, tile) for
+  // each. A tile's last PV and the next tile's first S wgmma go out back to back
+  // (two pingpong turns, as unchained: the next Q may only land after the other
+  // warpgroup's last S of this tile), and the epilogue runs while that S does, so
+  // the tensor cores do not idle across the tile boundary. The producer must preload
+  // at most kStages - 1 K / V blocks of the next tile (the last block's V stays
+  // held until its PV is done, after the next Q's wait).
+  struct NoNextTile {
+    __device__ bool operator()(FwdTile&) const { return false; }
+  };
+  struct NoEpilogue {
+    __device__ void operator()(float (&)[kORegs], OnlineSoftmax<kBlockN>&, const FwdTile&) const {}
+  };
+  template <bool kCausal, bool kOverlap, bool kPingpong, bool kMasked = false, bool kReleaseQ = false,
+            class NextTile = NoNextTile, class Epilogue = NoEpilogue>
   __device__ static void consume(float (&o)[kORegs], OnlineSoftmax<kBlockN>& softmax, const FwdSmem<Tr>& sm,
-                                 const FwdTile& tile, const FwdArgs& args, int wg, int tid, Pipe& pipe,
-                                 uint32_t q_phase, const MaskView* mask_view = nullptr) {
+                                 const FwdTile& first_tile, const FwdArgs& args, int wg, int tid, Pipe& pipe,
+                                 uint32_t q_phase, const MaskView* mask_view = nullptr, NextTile next_tile = {},
+                                 Epilogue epilogue = {}) {
+    constexpr bool kChain = !std::is_same_v<NextTile, NoNextTile>;
+    static_assert(!kChain || (kOverlap && !kMasked && kReleaseQ), "chained tiles: overlap, unmasked, O buffer");
     constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    FwdTile tile = first_tile;
     // The first query row of this warpgroup, and this thread's h = 0 row.
-    const int wg_row0 = (kMasked ? tile.row0 : tile.m_block * kBlockM) + wg * 64;
-    const int row0 = wg_row0 + warp * 16 + g;
+    int wg_row0 = (kMasked ? tile.row0 : tile.m_block * kBlockM) + wg * 64;
+    int row0 = wg_row0 + warp * 16 + g;
     const uint32_t q_rows = sm.q() + wg * 64 * 128;
     const float sl2 = args.scale_log2;
     const int S = args.seqlen_k;
@@ -246,6 +269,7 @@ struct FwdMainloop {
       convert_p(s, p);
       Pipe prev = pipe;
       pipe.advance();
+      for (;;) {  // (kChain: once per tile; else once)
       for (int n = tile.n_begin + 1; n < tile.n_blocks; ++n) {
         hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
         turn_begin<kPingpong>(wg);
@@ -279,9 +303,48 @@ struct FwdMainloop {
       issue_pv<kAdd>(o, p, sm.v(prev.stage));
       hptx::wgmma_commit();
       turn_end<kPingpong>(wg);
+      if constexpr (kChain) {
+        FwdTile next;
+        if (next_tile(next)) {
+          // The next tile's first S beside this tile's last PV.
+          hptx::mbar_wait(sm.bar_q(), q_phase ^ 1);
+          hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
+          turn_begin<kPingpong>(wg);
+          hptx::wgmma_fence();
+          issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage));
+          hptx::wgmma_commit();
+          turn_end<kPingpong>(wg);
+          // (Both waited for before the epilogue: with S still in flight there, ptxas
+          // serialises the wgmmas, C7514. The other warpgroup's turns keep the tensor
+          // cores busy meanwhile.)
+          hptx::wgmma_wait<0>();
+          hptx::reg_fence_array(o);
+          hptx::reg_fence_array(s);
+          release(sm.bar_v_empty(prev.stage), lane);
+          release(sm.bar_k_empty(pipe.stage), lane);
+          epilogue(o, softmax, tile);
+          tile = next;
+          wg_row0 = tile.m_block * kBlockM + wg * 64;
+          row0 = wg_row0 + warp * 16 + g;
+          q_phase ^= 1;
+#pragma unroll
+          for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
+          softmax.init();
+          mask(tile.n_begin);
+          if (tile.n_begin == tile.n_blocks - 1) release(sm.bar_q_empty(), lane);
+          softmax.step(s, sl2, alpha);
+          convert_p(s, p);
+          prev = pipe;
+          pipe.advance();
+          continue;
+        }
+      }
       hptx::wgmma_wait<0>();
       hptx::reg_fence_array(o);
       release(sm.bar_v_empty(prev.stage), lane);
+      if constexpr (kChain) epilogue(o, softmax, tile);
+      break;
+      }
     }
     // Balance barrier 3: warpgroup 1 arrived once more (its initial hand-over).
     if (kPingpong && wg == 0) hptx::named_bar_sync(3, 256);
