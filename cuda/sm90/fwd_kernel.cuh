@@ -74,6 +74,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
   const FwdArgs& args = params.args;
   // Chained tiles (FwdMainloop::consume; -DJAXATTN_EXP_FWD_CHAIN, being measured): the
   // persistent grid with the O buffer.
+#if defined(JAXATTN_EXP_FWD_Q2) && !defined(JAXATTN_EXP_FWD_CHAIN)
+#error "JAXATTN_EXP_FWD_Q2 needs JAXATTN_EXP_FWD_CHAIN (the unchained persistent consumer reads Q buffer 0)"
+#endif
 #ifdef JAXATTN_EXP_FWD_CHAIN
   constexpr bool kChain = kPersistent && kOverlap && Tr::kSeparateO;
 #else
@@ -89,10 +92,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
   const int warpgroup = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
 
   if (threadIdx.x == 0) {
-    hptx::mbar_init(sm.bar_q(), 1);
     // (q_empty: one arrival per consumer warpgroup after its epilogue; with
     // Tr::kSeparateO one per consumer warp after the tile's last S wgmma)
-    hptx::mbar_init(sm.bar_q_empty(), Tr::kSeparateO ? 4 * Tr::kConsumerWarpgroups : Tr::kConsumerWarpgroups);
+#pragma unroll
+    for (int b = 0; b < Tr::kQBuffers; ++b) {
+      hptx::mbar_init(sm.bar_q(b), 1);
+      hptx::mbar_init(sm.bar_q_empty(b), Tr::kSeparateO ? 4 * Tr::kConsumerWarpgroups : Tr::kConsumerWarpgroups);
+    }
 #pragma unroll
     for (int s = 0; s < Tr::kStages; ++s) {
       hptx::mbar_init(sm.bar_k_full(s), 1);
@@ -129,17 +135,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
       hptx::prefetch_tmap(&params.tm_k);
       hptx::prefetch_tmap(&params.tm_v);
       if constexpr (kPersistent) {
+        // (the j-th tile's Q buffer and parity: q_buffer / q_parity; one buffer: q_phase)
         uint32_t q_phase = 0;
+        auto parity = [&](int j) { return (int)(Tr::kQBuffers == 2 ? q_parity<Tr>(j) : q_phase); };
         if constexpr (kCausal) {  // (fwd_schedule.cuh: paired query tiles)
           FwdTile t;
           for (int j = 0; fwd_causal_cta_tile<Tr>(args, blockIdx.x, j, t); ++j, q_phase ^= 1)
             FwdMainloop<Tr>::template produce<kPreloadKV>(&params.tm_q, &params.tm_k, &params.tm_v, sm, t,
-                                                          args.sched.div_group.div(t.head), pipe, (int)q_phase);
+                                                          args.sched.div_group.div(t.head), pipe, parity(j),
+                                                          false, q_buffer<Tr>(j));
         } else {
-          for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
+          int j = 0;
+          for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1, ++j) {
             const FwdTile t = fwd_tile<Tr>(args, idx);
             FwdMainloop<Tr>::template produce<kPreloadKV>(&params.tm_q, &params.tm_k, &params.tm_v, sm, t,
-                                                          t.head / args.group, pipe, (int)q_phase);
+                                                          t.head / args.group, pipe, parity(j), false,
+                                                          q_buffer<Tr>(j));
           }
         }
       } else if (!tile.empty()) {

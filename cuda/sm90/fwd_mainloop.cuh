@@ -41,9 +41,10 @@ struct FwdMainloop {
 
   // ---- producer (one thread) ----------------------------------------------
   // The tile's Q block from query row `row0` (completes on bar_q).
-  __device__ static void load_q(const CUtensorMap* tm_q, const FwdSmem<Tr>& sm, const FwdTile& tile, int row0) {
-    hptx::mbar_arrive_expect_tx(sm.bar_q(), Tr::kQBytes);
-    hptx::tma_load_5d(sm.q(), tm_q, sm.bar_q(), 0, row0, 0, tile.head, tile.batch);
+  __device__ static void load_q(const CUtensorMap* tm_q, const FwdSmem<Tr>& sm, const FwdTile& tile, int row0,
+                                int b = 0) {
+    hptx::mbar_arrive_expect_tx(sm.bar_q(b), Tr::kQBytes);
+    hptx::tma_load_5d(sm.q(b), tm_q, sm.bar_q(b), 0, row0, 0, tile.head, tile.batch);
   }
 
   // Loads one tile: Q (unless q_issued: the masked kernels issue it before their key
@@ -54,7 +55,7 @@ struct FwdMainloop {
   template <int kPreloadKV = Tr::kStages>
   __device__ static void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                  const FwdSmem<Tr>& sm, const FwdTile& tile, int kv_head, Pipe& pipe,
-                                 int q_empty_phase = -1, bool q_issued = false) {
+                                 int q_empty_phase = -1, bool q_issued = false, int q_buf = 0) {
     auto load_kv = [&](int n) {
       hptx::mbar_wait(sm.bar_k_empty(pipe.stage), pipe.phase ^ 1);
       hptx::mbar_arrive_expect_tx(sm.bar_k_full(pipe.stage), Tr::kKVBytes);
@@ -69,9 +70,9 @@ struct FwdMainloop {
     int n = tile.n_begin;
     if (q_empty_phase >= 0) {
       for (; n < tile.n_blocks && n < tile.n_begin + kPreloadKV; ++n) load_kv(n);
-      hptx::mbar_wait(sm.bar_q_empty(), (uint32_t)q_empty_phase ^ 1);
+      hptx::mbar_wait(sm.bar_q_empty(q_buf), (uint32_t)q_empty_phase ^ 1);
     }
-    if (!q_issued) load_q(tm_q, sm, tile, tile.m_block * kBlockM);
+    if (!q_issued) load_q(tm_q, sm, tile, tile.m_block * kBlockM, q_buf);
     for (; n < tile.n_blocks; ++n) load_kv(n);
   }
 
@@ -169,7 +170,10 @@ struct FwdMainloop {
     // The first query row of this warpgroup, and this thread's h = 0 row.
     int wg_row0 = (kMasked ? tile.row0 : tile.m_block * kBlockM) + wg * 64;
     int row0 = wg_row0 + warp * 16 + g;
-    const uint32_t q_rows = sm.q() + wg * 64 * 128;
+    // (kChain: the tile's index in the CTA's sequence picks its Q buffer and parity)
+    int q_tile = 0;
+    uint32_t q_rows = sm.q() + wg * 64 * 128;
+    auto q_empty = [&] { return sm.bar_q_empty(kChain ? q_buffer<Tr>(q_tile) : 0); };
     const float sl2 = args.scale_log2;
     const int S = args.seqlen_k;
 
@@ -236,7 +240,7 @@ struct FwdMainloop {
         hptx::reg_fence_array(s);
         release(sm.bar_k_empty(pipe.stage), lane);
         mask(n);
-        if (kReleaseQ && n == tile.n_blocks - 1) release(sm.bar_q_empty(), lane);
+        if (kReleaseQ && n == tile.n_blocks - 1) release(q_empty(), lane);
         softmax.step(s, sl2, alpha);
         rescale_o(o, alpha);
         convert_p(s, p);
@@ -264,7 +268,7 @@ struct FwdMainloop {
       hptx::reg_fence_array(s);
       release(sm.bar_k_empty(pipe.stage), lane);
       mask(tile.n_begin);
-      if (kReleaseQ && tile.n_begin == tile.n_blocks - 1) release(sm.bar_q_empty(), lane);
+      if (kReleaseQ && tile.n_begin == tile.n_blocks - 1) release(q_empty(), lane);
       softmax.step(s, sl2, alpha);
       convert_p(s, p);
       Pipe prev = pipe;
@@ -286,7 +290,7 @@ struct FwdMainloop {
         hptx::reg_fence_array(s);
         release(sm.bar_k_empty(pipe.stage), lane);
         mask(n);
-        if (kReleaseQ && n == tile.n_blocks - 1) release(sm.bar_q_empty(), lane);
+        if (kReleaseQ && n == tile.n_blocks - 1) release(q_empty(), lane);
         softmax.step(s, sl2, alpha);
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(o);
@@ -307,7 +311,8 @@ struct FwdMainloop {
         FwdTile next;
         if (next_tile(next)) {
           // The next tile's first S beside this tile's last PV.
-          hptx::mbar_wait(sm.bar_q(), q_phase ^ 1);
+          hptx::mbar_wait(sm.bar_q(q_buffer<Tr>(q_tile + 1)), q_parity<Tr>(q_tile + 1));
+          q_rows = sm.q(q_buffer<Tr>(q_tile + 1)) + wg * 64 * 128;
           hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
           turn_begin<kPingpong>(wg);
           hptx::wgmma_fence();
@@ -326,12 +331,12 @@ struct FwdMainloop {
           tile = next;
           wg_row0 = tile.m_block * kBlockM + wg * 64;
           row0 = wg_row0 + warp * 16 + g;
-          q_phase ^= 1;
+          ++q_tile;
 #pragma unroll
           for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
           softmax.init();
           mask(tile.n_begin);
-          if (tile.n_begin == tile.n_blocks - 1) release(sm.bar_q_empty(), lane);
+          if (tile.n_begin == tile.n_blocks - 1) release(q_empty(), lane);
           softmax.step(s, sl2, alpha);
           convert_p(s, p);
           prev = pipe;

@@ -48,8 +48,6 @@ struct FwdTraits {
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V stage
 
   static constexpr int kOffQ = 0;
-  static constexpr int kOffK = kOffQ + kQBytes;
-  static constexpr int kOffV = kOffK + kStages * kKVBytes;
   // The epilogue stages O in its own buffer where it fits, so a persistent CTA frees
   // Q as soon as the tile's last S wgmma has read it and the next tile's Q loads
   // during this tile's last PV and epilogue (session 8: +5-12% on the persistent grid
@@ -57,10 +55,21 @@ struct FwdTraits {
   // not at 256 or with 176-key blocks. (A second Q buffer, so that the next tile's Q
   // loads a whole tile ahead, measured -12 to +3% at H=64 and -3 to +3% at H=128 in
   // session 12 and was not kept.)
-  static constexpr bool kSeparateO = kOffV + kStages * kKVBytes + kQBytes + 1024 + 128 <= 227 * 1024;
+  static constexpr bool kSeparateO = kQBytes + 2 * kStages * kKVBytes + kQBytes + 1024 + 128 <= 227 * 1024;
+  // Q buffers: 1, or (-DJAXATTN_EXP_FWD_Q2, being measured with chained tiles) 2
+  // where they fit beside the O buffer, so that a persistent CTA's next Q loads a
+  // whole tile ahead (tile j in buffer j % 2).
+#ifdef JAXATTN_EXP_FWD_Q2
+  static constexpr int kQBuffers =
+      kSeparateO && 3 * kQBytes + 2 * kStages * kKVBytes + 1024 + 128 <= 227 * 1024 ? 2 : 1;
+#else
+  static constexpr int kQBuffers = 1;
+#endif
+  static constexpr int kOffK = kOffQ + kQBuffers * kQBytes;
+  static constexpr int kOffV = kOffK + kStages * kKVBytes;
   static constexpr int kOffO = kOffV + kStages * kKVBytes;  // (kSeparateO only)
   static constexpr int kOffBar = kOffO + (kSeparateO ? kQBytes : 0);
-  static constexpr int kNumBars = 2 + 4 * kStages;
+  static constexpr int kNumBars = 2 * kQBuffers + 4 * kStages;
   // Persistent grid: the K / V blocks of the next tile the producer loads before the
   // next tile's Q. Block j of the next tile reuses the stage of block n_blocks - kStages
   // + j of this one, free once both warpgroups' PV of that block is done, which is
@@ -73,7 +82,8 @@ struct FwdTraits {
   // so it keeps all-first. (One Q barrier per consumer warpgroup on top, so the one
   // ahead in the pingpong gets its rows after its own last S, measured the same.)
   static constexpr int preload_kv(bool causal, bool persistent) {
-    return persistent && kSeparateO && (kHeadDim == 64 || causal) ? (kStages > 2 ? kStages - 2 : 0) : kStages;
+    return kQBuffers == 2 ? 0  // (the next Q is due first)
+           : persistent && kSeparateO && (kHeadDim == 64 || causal) ? (kStages > 2 ? kStages - 2 : 0) : kStages;
   }
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
