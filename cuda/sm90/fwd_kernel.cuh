@@ -135,22 +135,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
       hptx::prefetch_tmap(&params.tm_k);
       hptx::prefetch_tmap(&params.tm_v);
       if constexpr (kPersistent) {
-        // (the j-th tile's Q buffer and parity: q_buffer / q_parity; one buffer: q_phase)
+        // (the n-th tile's Q buffer and parity: q_buffer / q_parity; one buffer: q_phase.
+        // n counts the CTA's tiles: the causal schedule's j may skip)
         uint32_t q_phase = 0;
-        auto parity = [&](int j) { return (int)(Tr::kQBuffers == 2 ? q_parity<Tr>(j) : q_phase); };
+        int n = 0;
+        auto parity = [&] { return (int)(Tr::kQBuffers == 2 ? q_parity<Tr>(n) : q_phase); };
         if constexpr (kCausal) {  // (fwd_schedule.cuh: paired query tiles)
           FwdTile t;
-          for (int j = 0; fwd_causal_cta_tile<Tr>(args, blockIdx.x, j, t); ++j, q_phase ^= 1)
+          for (int j = 0; fwd_causal_cta_tile<Tr>(args, blockIdx.x, j, t); ++j, q_phase ^= 1, ++n)
             FwdMainloop<Tr>::template produce<kPreloadKV>(&params.tm_q, &params.tm_k, &params.tm_v, sm, t,
-                                                          args.sched.div_group.div(t.head), pipe, parity(j),
-                                                          false, q_buffer<Tr>(j));
+                                                          args.sched.div_group.div(t.head), pipe, parity(),
+                                                          false, q_buffer<Tr>(n));
         } else {
-          int j = 0;
-          for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1, ++j) {
+          for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1, ++n) {
             const FwdTile t = fwd_tile<Tr>(args, idx);
             FwdMainloop<Tr>::template produce<kPreloadKV>(&params.tm_q, &params.tm_k, &params.tm_v, sm, t,
-                                                          t.head / args.group, pipe, parity(j), false,
-                                                          q_buffer<Tr>(j));
+                                                          t.head / args.group, pipe, parity(), false,
+                                                          q_buffer<Tr>(n));
           }
         }
       } else if (!tile.empty()) {
