@@ -72,19 +72,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const FwdSmem<Tr> sm{(ptx::smem_addr(smem_raw) + 1023u) & ~1023u};
   const FwdArgs& args = params.args;
-  // Chained tiles (FwdMainloop::consume; -DJAXATTN_EXP_FWD_CHAIN, being measured): the
-  // persistent grid with the O buffer.
-#if defined(JAXATTN_EXP_FWD_Q2) && !defined(JAXATTN_EXP_FWD_CHAIN)
-#error "JAXATTN_EXP_FWD_Q2 needs JAXATTN_EXP_FWD_CHAIN (the unchained persistent consumer reads Q buffer 0)"
-#endif
-#ifdef JAXATTN_EXP_FWD_CHAIN
-  constexpr bool kChain = kPersistent && kOverlap && Tr::kSeparateO;
-#else
-  constexpr bool kChain = false;
-#endif
-  constexpr int kPreloadKV =
-      kChain && Tr::preload_kv(kCausal, kPersistent) > Tr::kStages - 1 ? Tr::kStages - 1
-             : Tr::preload_kv(kCausal, kPersistent);
+  // Chained tiles (FwdMainloop::consume): the persistent grid with two Q buffers.
+  constexpr bool kChain = kPersistent && Tr::kQBuffers == 2;
+  static_assert(Tr::kQBuffers == 1 || (kPersistent && kOverlap && !kMasked), "two Q buffers: chained tiles");
+  constexpr int kPreloadKV = Tr::preload_kv(kCausal, kPersistent);
   const int num_tiles = kPersistent ? ((args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM) * args.num_heads * args.batch
                                     : 1;
 

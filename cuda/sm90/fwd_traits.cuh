@@ -25,7 +25,10 @@ namespace jaxattn::sm90 {
 // kBlockN_: keys per block (0: 128 at head dims 64 / 128, 64 at 256); FwdVariant::kWideKeys
 // is 176 at head dim 128 (the default there at S >= 8192) and 80 at 256 (FA3's tile:
 // Q 64 KB + 2 stages of 40 KB K and V = 224 KB).
-template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 0>
+// kQBuffers_: 2 for the chained tiles of the persistent grid (FwdMainloop::consume;
+// tile j of a CTA in Q buffer j % 2, so the next Q loads a whole tile ahead), which
+// need the O buffer and fit at head dims 64 / 128 with 128-key blocks (224 KB at 128).
+template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 0, int kQBuffers_ = 1>
 struct FwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -56,15 +59,10 @@ struct FwdTraits {
   // loads a whole tile ahead, measured -12 to +3% at H=64 and -3 to +3% at H=128 in
   // session 12 and was not kept.)
   static constexpr bool kSeparateO = kQBytes + 2 * kStages * kKVBytes + kQBytes + 1024 + 128 <= 227 * 1024;
-  // Q buffers: 1, or (-DJAXATTN_EXP_FWD_Q2, being measured with chained tiles) 2
-  // where they fit beside the O buffer, so that a persistent CTA's next Q loads a
-  // whole tile ahead (tile j in buffer j % 2).
-#ifdef JAXATTN_EXP_FWD_Q2
-  static constexpr int kQBuffers =
-      kSeparateO && 3 * kQBytes + 2 * kStages * kKVBytes + 1024 + 128 <= 227 * 1024 ? 2 : 1;
-#else
-  static constexpr int kQBuffers = 1;
-#endif
+  static constexpr int kQBuffers = kQBuffers_;
+  static_assert(kQBuffers == 1 || (kQBuffers == 2 && kSeparateO &&
+                                   3 * kQBytes + 2 * kStages * kKVBytes + 1024 + 128 <= 227 * 1024),
+                "two Q buffers: beside the O buffer, where they fit");
   static constexpr int kOffK = kOffQ + kQBuffers * kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKVBytes;
   static constexpr int kOffO = kOffV + kStages * kKVBytes;  // (kSeparateO only)
@@ -82,7 +80,7 @@ struct FwdTraits {
   // so it keeps all-first. (One Q barrier per consumer warpgroup on top, so the one
   // ahead in the pingpong gets its rows after its own last S, measured the same.)
   static constexpr int preload_kv(bool causal, bool persistent) {
-    return kQBuffers == 2 ? 0  // (the next Q is due first)
+    return kQBuffers == 2 ? 0  // (chained tiles: the next Q goes first, a tile ahead)
            : persistent && kSeparateO && (kHeadDim == 64 || causal) ? (kStages > 2 ? kStages - 2 : 0) : kStages;
   }
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
