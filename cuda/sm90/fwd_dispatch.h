@@ -18,6 +18,9 @@ namespace jaxattn::sm90 {
 // the same as kOverlap at other head dims.
 // kPersistent: the default schedule on a persistent grid (one CTA per SM looping
 // over the tiles, the next tile's loads overlapping this one's epilogue).
+// kChained: kPersistent with chained tiles and two Q buffers where that schedule is
+// the two-warpgroup pingpong (H 64 at T < 2048, H 128: FwdMainloop::consume);
+// elsewhere the same as kPersistent.
 enum class FwdVariant : int {
   kOverlap = 0,
   kSerial = 1,
@@ -28,9 +31,10 @@ enum class FwdVariant : int {
   kWideKeys = 6,  // wider key blocks: overlap + pingpong with 176 keys at head dim 128
                   // (FA3's non-causal tile), overlap with 80 at 256 (FA3's tile there);
                   // overlap + pingpong with 128 at 64
-  kDefault = 7
+  kChained = 7,
+  kDefault = 8
 };
-constexpr int kNumFwdVariants = 7;  // the explicit ones
+constexpr int kNumFwdVariants = 8;  // the explicit ones
 
 // Launches the forward for one head dim / element type; `p` already validated.
 // Masked calls (p.has_masks()) run their own instantiation whatever `variant` says.

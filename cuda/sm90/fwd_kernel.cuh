@@ -72,6 +72,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const FwdSmem<Tr> sm{(ptx::smem_addr(smem_raw) + 1023u) & ~1023u};
   const FwdArgs& args = params.args;
+  // Chained tiles (FwdMainloop::consume): the persistent grid with two Q buffers.
+  constexpr bool kChain = kPersistent && Tr::kQBuffers == 2;
+  static_assert(Tr::kQBuffers == 1 || (kPersistent && kOverlap && !kMasked), "two Q buffers: chained tiles");
   constexpr int kPreloadKV = Tr::preload_kv(kCausal, kPersistent);
   const int num_tiles = kPersistent ? ((args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM) * args.num_heads * args.batch
                                     : 1;
@@ -80,10 +83,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
   const int warpgroup = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
 
   if (threadIdx.x == 0) {
-    hptx::mbar_init(sm.bar_q(), 1);
     // (q_empty: one arrival per consumer warpgroup after its epilogue; with
     // Tr::kSeparateO one per consumer warp after the tile's last S wgmma)
-    hptx::mbar_init(sm.bar_q_empty(), Tr::kSeparateO ? 4 * Tr::kConsumerWarpgroups : Tr::kConsumerWarpgroups);
+#pragma unroll
+    for (int b = 0; b < Tr::kQBuffers; ++b) {
+      hptx::mbar_init(sm.bar_q(b), 1);
+      hptx::mbar_init(sm.bar_q_empty(b), Tr::kSeparateO ? 4 * Tr::kConsumerWarpgroups : Tr::kConsumerWarpgroups);
+    }
 #pragma unroll
     for (int s = 0; s < Tr::kStages; ++s) {
       hptx::mbar_init(sm.bar_k_full(s), 1);
@@ -120,17 +126,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
       hptx::prefetch_tmap(&params.tm_k);
       hptx::prefetch_tmap(&params.tm_v);
       if constexpr (kPersistent) {
+        // (the n-th tile's Q buffer and parity: q_buffer / q_parity; one buffer: q_phase.
+        // n counts the CTA's tiles: the causal schedule's j may skip)
         uint32_t q_phase = 0;
+        int n = 0;
+        auto parity = [&] { return (int)(Tr::kQBuffers == 2 ? q_parity<Tr>(n) : q_phase); };
         if constexpr (kCausal) {  // (fwd_schedule.cuh: paired query tiles)
           FwdTile t;
-          for (int j = 0; fwd_causal_cta_tile<Tr>(args, blockIdx.x, j, t); ++j, q_phase ^= 1)
+          for (int j = 0; fwd_causal_cta_tile<Tr>(args, blockIdx.x, j, t); ++j, q_phase ^= 1, ++n)
             FwdMainloop<Tr>::template produce<kPreloadKV>(&params.tm_q, &params.tm_k, &params.tm_v, sm, t,
-                                                          args.sched.div_group.div(t.head), pipe, (int)q_phase);
+                                                          args.sched.div_group.div(t.head), pipe, parity(),
+                                                          false, q_buffer<Tr>(n));
         } else {
-          for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1) {
+          for (int idx = blockIdx.x; idx < num_tiles; idx += gridDim.x, q_phase ^= 1, ++n) {
             const FwdTile t = fwd_tile<Tr>(args, idx);
             FwdMainloop<Tr>::template produce<kPreloadKV>(&params.tm_q, &params.tm_k, &params.tm_v, sm, t,
-                                                          t.head / args.group, pipe, (int)q_phase);
+                                                          t.head / args.group, pipe, parity(), false,
+                                                          q_buffer<Tr>(n));
           }
         }
       } else if (!tile.empty()) {
@@ -144,7 +156,32 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const _
     const int tid = threadIdx.x % 128;
     float o[Tr::kHeadDim / 2];
     OnlineSoftmax<Tr::kBlockN> softmax;
-    if constexpr (kPersistent) {
+    if constexpr (kChain) {
+      auto epilogue = [&](float (&o_)[Tr::kHeadDim / 2], OnlineSoftmax<Tr::kBlockN>& sm_, const FwdTile& t) {
+        FwdEpilogue<Tr>::store(o_, sm_, &params.tm_o, sm, t, args, wg, tid);
+      };
+      FwdTile t;
+      if constexpr (kCausal) {
+        int j = 0;
+        if (fwd_causal_cta_tile<Tr>(args, blockIdx.x, j, t)) {
+          auto next = [&](FwdTile& nt) { return fwd_causal_cta_tile<Tr>(args, blockIdx.x, ++j, nt); };
+          FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, false, true>(
+              o, softmax, sm, t, args, wg, tid, pipe, 0u, nullptr, next, epilogue);
+        }
+      } else {
+        int idx = blockIdx.x;
+        if (idx < num_tiles) {
+          auto next = [&](FwdTile& nt) {
+            idx += gridDim.x;
+            if (idx >= num_tiles) return false;
+            nt = fwd_tile<Tr>(args, idx);
+            return true;
+          };
+          FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, false, true>(
+              o, softmax, sm, fwd_tile<Tr>(args, idx), args, wg, tid, pipe, 0u, nullptr, next, epilogue);
+        }
+      }
+    } else if constexpr (kPersistent) {
       uint32_t q_phase = 0;
       auto run = [&](const FwdTile& t) {
         FwdMainloop<Tr>::template consume<kCausal, kOverlap, kPingpong, false, Tr::kSeparateO>(

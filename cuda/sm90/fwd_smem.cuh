@@ -10,21 +10,34 @@ template <class Tr>
 struct FwdSmem {
   uint32_t base;  // 1024-aligned shared address
 
-  __device__ __forceinline__ uint32_t q() const { return base + Tr::kOffQ; }
+  __device__ __forceinline__ uint32_t q(int b = 0) const { return base + Tr::kOffQ + b * Tr::kQBytes; }
   __device__ __forceinline__ uint32_t k(int s) const { return base + Tr::kOffK + s * Tr::kKVBytes; }
   __device__ __forceinline__ uint32_t v(int s) const { return base + Tr::kOffV + s * Tr::kKVBytes; }
   // The epilogue's O staging: its own buffer (Tr::kSeparateO) or the Q tile.
   __device__ __forceinline__ uint32_t o() const { return Tr::kSeparateO ? base + Tr::kOffO : q(); }
-  // mbarriers: Q loaded; K/V stage s full (TMA landed) / empty (both consumers done).
-  __device__ __forceinline__ uint32_t bar_q() const { return base + Tr::kOffBar; }
-  __device__ __forceinline__ uint32_t bar_k_full(int s) const { return bar_q() + 8 * (1 + s); }
-  __device__ __forceinline__ uint32_t bar_k_empty(int s) const { return bar_q() + 8 * (1 + Tr::kStages + s); }
-  __device__ __forceinline__ uint32_t bar_v_full(int s) const { return bar_q() + 8 * (1 + 2 * Tr::kStages + s); }
-  __device__ __forceinline__ uint32_t bar_v_empty(int s) const { return bar_q() + 8 * (1 + 3 * Tr::kStages + s); }
+  // mbarriers: Q buffer b loaded; K/V stage s full (TMA landed) / empty (both consumers done).
+  static constexpr int kQB = Tr::kQBuffers;
+  __device__ __forceinline__ uint32_t bar_q(int b = 0) const { return base + Tr::kOffBar + 8 * b; }
+  __device__ __forceinline__ uint32_t bar_k_full(int s) const { return bar_q() + 8 * (kQB + s); }
+  __device__ __forceinline__ uint32_t bar_k_empty(int s) const { return bar_q() + 8 * (kQB + Tr::kStages + s); }
+  __device__ __forceinline__ uint32_t bar_v_full(int s) const { return bar_q() + 8 * (kQB + 2 * Tr::kStages + s); }
+  __device__ __forceinline__ uint32_t bar_v_empty(int s) const { return bar_q() + 8 * (kQB + 3 * Tr::kStages + s); }
   // Persistent grid: the Q tile is free for the next tile (after the epilogue's O
   // staging has been read; with Tr::kSeparateO, after the tile's last S wgmma).
-  __device__ __forceinline__ uint32_t bar_q_empty() const { return bar_q() + 8 * (1 + 4 * Tr::kStages); }
+  __device__ __forceinline__ uint32_t bar_q_empty(int b = 0) const {
+    return bar_q() + 8 * (kQB + 4 * Tr::kStages + b);
+  }
 };
+
+// The Q buffer and its load's parity for the j-th tile of a persistent CTA.
+template <class Tr>
+__device__ __forceinline__ int q_buffer(int j) {
+  return Tr::kQBuffers == 2 ? (j & 1) : 0;
+}
+template <class Tr>
+__device__ __forceinline__ uint32_t q_parity(int j) {
+  return Tr::kQBuffers == 2 ? (uint32_t)((j >> 1) & 1) : (uint32_t)(j & 1);
+}
 
 // Position in the K/V ring: the stage, and the parity of its current fill.
 template <int kStages>

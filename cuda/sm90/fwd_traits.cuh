@@ -25,7 +25,10 @@ namespace jaxattn::sm90 {
 // kBlockN_: keys per block (0: 128 at head dims 64 / 128, 64 at 256); FwdVariant::kWideKeys
 // is 176 at head dim 128 (the default there at S >= 8192) and 80 at 256 (FA3's tile:
 // Q 64 KB + 2 stages of 40 KB K and V = 224 KB).
-template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 0>
+// kQBuffers_: 2 for the chained tiles of the persistent grid (FwdMainloop::consume;
+// tile j of a CTA in Q buffer j % 2, so the next Q loads a whole tile ahead), which
+// need the O buffer and fit at head dims 64 / 128 with 128-key blocks (224 KB at 128).
+template <int kHeadDim_, typename Elem_, int kConsumerWarpgroups_ = 2, int kBlockN_ = 0, int kQBuffers_ = 1>
 struct FwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -48,8 +51,6 @@ struct FwdTraits {
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V stage
 
   static constexpr int kOffQ = 0;
-  static constexpr int kOffK = kOffQ + kQBytes;
-  static constexpr int kOffV = kOffK + kStages * kKVBytes;
   // The epilogue stages O in its own buffer where it fits, so a persistent CTA frees
   // Q as soon as the tile's last S wgmma has read it and the next tile's Q loads
   // during this tile's last PV and epilogue (session 8: +5-12% on the persistent grid
@@ -57,10 +58,16 @@ struct FwdTraits {
   // not at 256 or with 176-key blocks. (A second Q buffer, so that the next tile's Q
   // loads a whole tile ahead, measured -12 to +3% at H=64 and -3 to +3% at H=128 in
   // session 12 and was not kept.)
-  static constexpr bool kSeparateO = kOffV + kStages * kKVBytes + kQBytes + 1024 + 128 <= 227 * 1024;
+  static constexpr bool kSeparateO = kQBytes + 2 * kStages * kKVBytes + kQBytes + 1024 + 128 <= 227 * 1024;
+  static constexpr int kQBuffers = kQBuffers_;
+  static_assert(kQBuffers == 1 || (kQBuffers == 2 && kSeparateO &&
+                                   3 * kQBytes + 2 * kStages * kKVBytes + 1024 + 128 <= 227 * 1024),
+                "two Q buffers: beside the O buffer, where they fit");
+  static constexpr int kOffK = kOffQ + kQBuffers * kQBytes;
+  static constexpr int kOffV = kOffK + kStages * kKVBytes;
   static constexpr int kOffO = kOffV + kStages * kKVBytes;  // (kSeparateO only)
   static constexpr int kOffBar = kOffO + (kSeparateO ? kQBytes : 0);
-  static constexpr int kNumBars = 2 + 4 * kStages;
+  static constexpr int kNumBars = 2 * kQBuffers + 4 * kStages;
   // Persistent grid: the K / V blocks of the next tile the producer loads before the
   // next tile's Q. Block j of the next tile reuses the stage of block n_blocks - kStages
   // + j of this one, free once both warpgroups' PV of that block is done, which is
@@ -73,7 +80,8 @@ struct FwdTraits {
   // so it keeps all-first. (One Q barrier per consumer warpgroup on top, so the one
   // ahead in the pingpong gets its rows after its own last S, measured the same.)
   static constexpr int preload_kv(bool causal, bool persistent) {
-    return persistent && kSeparateO && (kHeadDim == 64 || causal) ? (kStages > 2 ? kStages - 2 : 0) : kStages;
+    return kQBuffers == 2 ? 0  // (chained tiles: the next Q goes first, a tile ahead)
+           : persistent && kSeparateO && (kHeadDim == 64 || causal) ? (kStages > 2 ? kStages - 2 : 0) : kStages;
   }
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");

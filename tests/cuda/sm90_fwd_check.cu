@@ -12,7 +12,7 @@
 // Usage: sm90_fwd_check [--quick] [--no-bench] [--no-check] [--log FILE]
 //                       [--bench-one H T causal VARIANT] [--schedule-only]
 //   --quick: a few small cases, no benchmark (for compute-sanitizer).
-//   --bench-one: one benchmark row of one variant (its FwdVariant number; 7 = the
+//   --bench-one: one benchmark row of one variant (its FwdVariant number; 8 = the
 //     default), e.g. under a profiler; nothing else runs.
 //   --schedule-only: only the host check of the persistent grid's causal tile order.
 #include <cuda_bf16.h>
@@ -53,6 +53,7 @@ static const char* variant_name(FwdVariant v) {
     case FwdVariant::kOverlap3: return "ovl 3wg";
     case FwdVariant::kPersistent: return "persist";
     case FwdVariant::kWideKeys: return "wide-n";
+    case FwdVariant::kChained: return "chained";
     default: return "default";
   }
 }
