@@ -55,8 +55,7 @@ def _compute_capability() -> tuple[int, int]:
 
 def cuda_kernel_name(spec: AttentionSpec, deterministic: bool = False) -> str:
     """The CUDA kernels that run `spec` (it must be supported), e.g. 'cuda:fwd=sm90,bwd=sm90'
-    ('cuda:fwd=sm80,bwd=sm80' with a dense bias / mask, 'cuda:fwd=sm90,bwd=sm80' for
-    other masks in deterministic mode)."""
+    ('cuda:fwd=sm80,bwd=sm80' with a dense bias / mask)."""
     sizes = (spec.batch, spec.seqlen_q, spec.seqlen_k, spec.num_heads, spec.num_heads_k, spec.head_dim,
              spec.dtype in CUDA_DTYPES)
     cc = _compute_capability()
