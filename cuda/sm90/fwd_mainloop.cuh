@@ -227,18 +227,31 @@ struct FwdMainloop {
       }
     };
 
+    // S = Q K(pipe)^T of one block, alone in a pingpong turn; O += P V(at), alone in one.
+    auto issue_s = [&] {
+      hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
+      turn_begin<kPingpong>(wg);
+      hptx::wgmma_fence();
+      issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage));
+      hptx::wgmma_commit();
+      turn_end<kPingpong>(wg);
+    };
+    auto issue_pv_alone = [&](const Pipe& at) {
+      hptx::mbar_wait(sm.bar_v_full(at.stage), at.phase);
+      turn_begin<kPingpong>(wg);
+      hptx::wgmma_fence();
+      issue_pv<kAdd>(o, p, sm.v(at.stage));
+      hptx::wgmma_commit();
+      turn_end<kPingpong>(wg);
+    };
+
     hptx::mbar_wait(sm.bar_q(), q_phase);
     // Warpgroup 0 takes the first turn.
     if (kPingpong && wg == 1) hptx::named_bar_arrive(3, 256);
 
     if constexpr (!kOverlap) {
       for (int n = tile.n_begin; n < tile.n_blocks; ++n) {
-        hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
-        turn_begin<kPingpong>(wg);
-        hptx::wgmma_fence();
-        issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage));
-        hptx::wgmma_commit();
-        turn_end<kPingpong>(wg);
+        issue_s();
         load_ids(n);
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(s);
@@ -248,12 +261,7 @@ struct FwdMainloop {
         softmax.step(s, sl2, alpha);
         rescale_o(o, alpha);
         convert_p(s, p);
-        hptx::mbar_wait(sm.bar_v_full(pipe.stage), pipe.phase);
-        turn_begin<kPingpong>(wg);
-        hptx::wgmma_fence();
-        issue_pv<kAdd>(o, p, sm.v(pipe.stage));
-        hptx::wgmma_commit();
-        turn_end<kPingpong>(wg);
+        issue_pv_alone(pipe);
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(o);
         release(sm.bar_v_empty(pipe.stage), lane);
@@ -261,12 +269,7 @@ struct FwdMainloop {
       }
     } else {
       // First block: S, softmax, P.
-      hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
-      turn_begin<kPingpong>(wg);
-      hptx::wgmma_fence();
-      issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage));
-      hptx::wgmma_commit();
-      turn_end<kPingpong>(wg);
+      issue_s();
       load_ids(tile.n_begin);
       hptx::wgmma_wait<0>();
       hptx::reg_fence_array(s);
@@ -278,81 +281,71 @@ struct FwdMainloop {
       Pipe prev = pipe;
       pipe.advance();
       for (;;) {  // (kChain: once per tile; else once)
-      for (int n = tile.n_begin + 1; n < tile.n_blocks; ++n) {
-        hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
-        turn_begin<kPingpong>(wg);
-        hptx::wgmma_fence();
-        issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage));
-        hptx::wgmma_commit();
-        hptx::mbar_wait(sm.bar_v_full(prev.stage), prev.phase);
-        hptx::wgmma_fence();
-        issue_pv<kAdd>(o, p, sm.v(prev.stage));
-        hptx::wgmma_commit();
-        turn_end<kPingpong>(wg);
-        load_ids(n);
-        hptx::wgmma_wait<1>();  // S(n) done, PV(n-1) may still run
-        hptx::reg_fence_array(s);
-        release(sm.bar_k_empty(pipe.stage), lane);
-        mask(n);
-        if (kReleaseQ && n == tile.n_blocks - 1) release(q_empty(), lane);
-        softmax.step(s, sl2, alpha);
-        hptx::wgmma_wait<0>();
-        hptx::reg_fence_array(o);
-        hptx::reg_fence_array(p);
-        release(sm.bar_v_empty(prev.stage), lane);
-        rescale_o(o, alpha);
-        convert_p(s, p);
-        prev = pipe;
-        pipe.advance();
-      }
-      hptx::mbar_wait(sm.bar_v_full(prev.stage), prev.phase);
-      turn_begin<kPingpong>(wg);
-      hptx::wgmma_fence();
-      issue_pv<kAdd>(o, p, sm.v(prev.stage));
-      hptx::wgmma_commit();
-      turn_end<kPingpong>(wg);
-      if constexpr (kChain) {
-        FwdTile next;
-        if (next_tile(next)) {
-          // The next tile's first S beside this tile's last PV.
-          hptx::mbar_wait(sm.bar_q(q_buffer<Tr>(q_tile + 1)), q_parity<Tr>(q_tile + 1));
-          q_rows = sm.q(q_buffer<Tr>(q_tile + 1)) + wg * 64 * 128;
+        for (int n = tile.n_begin + 1; n < tile.n_blocks; ++n) {
           hptx::mbar_wait(sm.bar_k_full(pipe.stage), pipe.phase);
           turn_begin<kPingpong>(wg);
           hptx::wgmma_fence();
           issue_qk<kAdd>(s, q_rows, sm.k(pipe.stage));
           hptx::wgmma_commit();
+          hptx::mbar_wait(sm.bar_v_full(prev.stage), prev.phase);
+          hptx::wgmma_fence();
+          issue_pv<kAdd>(o, p, sm.v(prev.stage));
+          hptx::wgmma_commit();
           turn_end<kPingpong>(wg);
-          // (Both waited for before the epilogue: with S still in flight there, ptxas
-          // serialises the wgmmas, C7514. The other warpgroup's turns keep the tensor
-          // cores busy meanwhile.)
+          load_ids(n);
+          hptx::wgmma_wait<1>();  // S(n) done, PV(n-1) may still run
+          hptx::reg_fence_array(s);
+          release(sm.bar_k_empty(pipe.stage), lane);
+          mask(n);
+          if (kReleaseQ && n == tile.n_blocks - 1) release(q_empty(), lane);
+          softmax.step(s, sl2, alpha);
           hptx::wgmma_wait<0>();
           hptx::reg_fence_array(o);
-          hptx::reg_fence_array(s);
+          hptx::reg_fence_array(p);
           release(sm.bar_v_empty(prev.stage), lane);
-          release(sm.bar_k_empty(pipe.stage), lane);
-          epilogue(o, softmax, tile);
-          tile = next;
-          wg_row0 = tile.m_block * kBlockM + wg * 64;
-          row0 = wg_row0 + warp * 16 + g;
-          ++q_tile;
-#pragma unroll
-          for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
-          softmax.init();
-          mask(tile.n_begin);
-          if (tile.n_begin == tile.n_blocks - 1) release(q_empty(), lane);
-          softmax.step(s, sl2, alpha);
+          rescale_o(o, alpha);
           convert_p(s, p);
           prev = pipe;
           pipe.advance();
-          continue;
         }
-      }
-      hptx::wgmma_wait<0>();
-      hptx::reg_fence_array(o);
-      release(sm.bar_v_empty(prev.stage), lane);
-      if constexpr (kChain) epilogue(o, softmax, tile);
-      break;
+        issue_pv_alone(prev);
+        if constexpr (kChain) {
+          FwdTile next;
+          if (next_tile(next)) {
+            // The next tile's first S beside this tile's last PV.
+            hptx::mbar_wait(sm.bar_q(q_buffer<Tr>(q_tile + 1)), q_parity<Tr>(q_tile + 1));
+            q_rows = sm.q(q_buffer<Tr>(q_tile + 1)) + wg * 64 * 128;
+            issue_s();
+            // (Both waited for before the epilogue: with S still in flight there, ptxas
+            // serialises the wgmmas, C7514. The other warpgroup's turns keep the tensor
+            // cores busy meanwhile.)
+            hptx::wgmma_wait<0>();
+            hptx::reg_fence_array(o);
+            hptx::reg_fence_array(s);
+            release(sm.bar_v_empty(prev.stage), lane);
+            release(sm.bar_k_empty(pipe.stage), lane);
+            epilogue(o, softmax, tile);
+            tile = next;
+            wg_row0 = tile.m_block * kBlockM + wg * 64;
+            row0 = wg_row0 + warp * 16 + g;
+            ++q_tile;
+#pragma unroll
+            for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
+            softmax.init();
+            mask(tile.n_begin);
+            if (tile.n_begin == tile.n_blocks - 1) release(q_empty(), lane);
+            softmax.step(s, sl2, alpha);
+            convert_p(s, p);
+            prev = pipe;
+            pipe.advance();
+            continue;
+          }
+        }
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(o);
+        release(sm.bar_v_empty(prev.stage), lane);
+        if constexpr (kChain) epilogue(o, softmax, tile);
+        break;
       }
     }
     // Balance barrier 3: warpgroup 1 arrived once more (its initial hand-over).
