@@ -18,9 +18,10 @@ namespace jaxattn::sm90 {
 // the same as kOverlap at other head dims.
 // kPersistent: the default schedule on a persistent grid (one CTA per SM looping
 // over the tiles, the next tile's loads overlapping this one's epilogue).
-// kChained: kPersistent with chained tiles and two Q buffers where that schedule is
-// the two-warpgroup pingpong (H 64 at T < 2048, H 128: FwdMainloop::consume);
-// elsewhere the same as kPersistent.
+// kChained: the persistent grid's two-warpgroup pingpong with chained tiles and two Q
+// buffers (FwdMainloop::consume) at H 64 / 128, at every T (the default runs the
+// three-warpgroup kernel at H=64 T >= 2048 and chains the pingpong only where it
+// measured faster: default_chained); at H=256 the same as kPersistent.
 enum class FwdVariant : int {
   kOverlap = 0,
   kSerial = 1,

@@ -152,14 +152,16 @@ cuda::LaunchStatus run_schedule(const AttnParams& p, cudaStream_t stream, FwdVar
 }
 
 // kPersistent runs the default schedule on the persistent grid: only the schedules
-// default_variant picks have persistent instantiations. chained: the two-warpgroup
-// pingpong with chained tiles and two Q buffers (FwdTraits' kQBuffers_).
+// default_variant picks have persistent instantiations. chained (H 64 / 128): the
+// two-warpgroup pingpong with chained tiles and two Q buffers (FwdTraits' kQBuffers_),
+// whatever `best` says (the default asks for it only where best is that pingpong).
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdVariant best, bool chained) {
   if constexpr (kHeadDim == 256) {
     (void)best, (void)chained;  // (always kWideKeys at 256)
     return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 80>, true, false, true>(p, stream);
   } else {
+    if (chained) return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 0, 2>, true, true, true>(p, stream);
     if constexpr (kHeadDim == 64) {
       if (best == FwdVariant::kOverlap3) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, true>(p, stream);
     }
@@ -169,7 +171,6 @@ cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdV
     }
     // overlap + pingpong: kOverlapPingpong, and kWideKeys at 128 where its blocks leave
     // no room for the O buffer (176 keys)
-    if (chained) return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 0, 2>, true, true, true>(p, stream);
     return launch_schedule<FwdTraits<kHeadDim, Elem>, true, true, true>(p, stream);
   }
 }
@@ -192,10 +193,13 @@ inline bool default_persistent(int head_dim, int seqlen_q, int seqlen_k, bool ca
 }
 
 // Whether the default's persistent pingpong (H 64 at T < 2048, H 128) chains its
-// tiles. H200, session 24 runs 1-2 (standalone, TFLOP/s chained vs not, two runs):
-// H=64 T=1K +4-5% non-causal, +6.5% causal; H=128 non-causal -1 to +2% (T = 1K..16K),
-// causal T = 1K / 2K +5 / +2%, 4K / 16K -1.3 / -2%.
-inline bool default_chained(int seqlen_q, bool causal) { return !causal || seqlen_q <= 2048; }
+// tiles. H200, session 24 runs 1-3 (standalone, TFLOP/s chained vs not): H=64 T=1K
+// +4-5% non-causal, +5-6.5% causal; H=128 non-causal -1 to +3% (T = 1K..16K), causal
+// T = 1K / 2K +3-5 / +0.3-2%, 4K / 16K -1.3 / -2-3%. (The three-warpgroup kernel, the
+// H=64 default at T >= 2048, lost 5-15% with chained tiles: run 2.)
+inline bool default_chained(FwdVariant best, int seqlen_q, bool causal) {
+  return best != FwdVariant::kOverlap3 && (!causal || seqlen_q <= 2048);
+}
 
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant variant) {
@@ -204,7 +208,7 @@ cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant 
   if (variant == FwdVariant::kPersistent || variant == FwdVariant::kChained)
     return run_persistent<kHeadDim, Elem>(p, stream, best, variant == FwdVariant::kChained);
   if (variant == FwdVariant::kDefault && default_persistent(kHeadDim, p.seqlen_q, p.seqlen_k, p.is_causal))
-    return run_persistent<kHeadDim, Elem>(p, stream, best, default_chained(p.seqlen_q, p.is_causal));
+    return run_persistent<kHeadDim, Elem>(p, stream, best, default_chained(best, p.seqlen_q, p.is_causal));
   return run_schedule<kHeadDim, Elem>(p, stream, variant == FwdVariant::kDefault ? best : variant);
 }
 
