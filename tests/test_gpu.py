@@ -40,6 +40,23 @@ def test_sliced_inputs():
     assert _rel(out, ref) < 1e-2
 
 
+# (H, B, T, N, causal): more query tiles than SMs, so each persistent CTA runs several
+# tiles, on both sides of the forward's schedule rule (cuda/sm90/fwd_launch.cuh): the
+# chained pingpong (non-causal; causal T <= 2048), the unchained pingpong (H=128 causal
+# T > 2048) and the three-warpgroup kernel (H=64 T >= 2048). T not a multiple of 128.
+_PERSISTENT_ROWS = [(64, 1, 1000, 40, False), (64, 1, 1000, 40, True), (64, 1, 2100, 20, False),
+                    (128, 2, 2000, 8, False), (128, 2, 2000, 8, True), (128, 2, 2100, 8, True)]
+
+
+@pytest.mark.parametrize("H,B,T,N,causal", _PERSISTENT_ROWS)
+def test_forward_persistent_tiles(H, B, T, N, causal):
+    """The Hopper forward's persistent schedules with several tiles a CTA (the next tile's
+    loads, Q buffers and epilogue overlapping this one's) against float64; on other GPUs
+    the portable kernel runs the same shapes."""
+    from test_forward import check_forward
+    check_forward("cuda", B, T, T, N, max(N // 4, 1), H, jnp.bfloat16, causal)
+
+
 @pytest.mark.parametrize("T,S", [(1, 1), (1, 4096), (4096, 1), (1, 77)])
 def test_single_row_or_key(T, S):
     q, k, v = random_inputs((3, T, 8, 128), (3, S, 2, 128), jnp.bfloat16, device=_gpu())
