@@ -55,9 +55,9 @@ struct FwdTraits {
   // Q as soon as the tile's last S wgmma has read it and the next tile's Q loads
   // during this tile's last PV and epilogue (session 8: +5-12% on the persistent grid
   // at H 64 / 128). Fits at head dims 64 / 128 with 128-key blocks (192 KB at 128),
-  // not at 256 or with 176-key blocks. (A second Q buffer, so that the next tile's Q
-  // loads a whole tile ahead, measured -12 to +3% at H=64 and -3 to +3% at H=128 in
-  // session 12 and was not kept.)
+  // not at 256 or with 176-key blocks. (A second Q buffer alone, so that the next
+  // tile's Q loads a whole tile ahead, measured -12 to +3% at H=64 and -3 to +3% at
+  // H=128 in session 12; with chained tiles it pays: kQBuffers_, session 24.)
   static constexpr bool kSeparateO = kQBytes + 2 * kStages * kKVBytes + kQBytes + 1024 + 128 <= 227 * 1024;
   static constexpr int kQBuffers = kQBuffers_;
   static_assert(kQBuffers == 1 || (kQBuffers == 2 && kSeparateO &&
