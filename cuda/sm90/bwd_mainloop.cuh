@@ -191,19 +191,33 @@ struct BwdMainloop {
     return dq_run_last<kBlockM, kBlockN>(args.attn.is_causal, m, n_blocks) - tile.n_block;
   }
 
+  // The masked run's last key block for query block m, advanced from its value at an
+  // earlier query block (the runs are monotone, so it never decreases with m): a
+  // linear scan amortised over the CTA's query blocks instead of dq_adds_after's
+  // binary search at every add (JAXATTN_EXP_DQ_ORDER_SCAN, reduce_dq; not measured).
+  __device__ __forceinline__ static int advance_run_last(const MaskView& v, int last, int m, int n_blocks) {
+    while (last + 1 < n_blocks) {
+      const int2 r = v.query_range((last + 1) * kBlockN, (last + 2) * kBlockN);
+      if (!(r.y > r.x && r.x / kBlockM <= m)) break;
+      ++last;
+    }
+    return last;
+  }
+
   // Adds warpgroup wg's dQ staging (at `stage`) to dq_accum's rows q_base .. of `head`
   // with one TMA reduce-add. Deterministic mode: key block n adds after the blocks
   // above it that visit this query block (two warpgroup adds each, to different
-  // columns; dq_adds_first, view: the CTA's MaskView, else null) and waits for its own
-  // add to land before counting it.
+  // columns; dq_adds_first, view: the CTA's MaskView, else null, or `adds_first` when
+  // the caller counted them, >= 0) and waits for its own add to land before counting it.
   __device__ static void add_dq(const CUtensorMap* tm_dq, uint32_t stage, const BwdTile& tile, const BwdArgs& args,
-                                int head, int q_base, int wg, const MaskView* view) {
+                                int head, int q_base, int wg, const MaskView* view, int adds_first = -1) {
     const int sem_blocks = (args.seqlen_q + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
     int32_t* sem = args.dq_semaphore ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
                                            q_base / kDqSemaphoreRows
                                      : nullptr;
     if (sem) {
-      ptx::wait_counter_geq(sem, 2 * dq_adds_first(tile, args, q_base / kBlockM, view));
+      const int first = adds_first >= 0 ? adds_first : dq_adds_first(tile, args, q_base / kBlockM, view);
+      ptx::wait_counter_geq(sem, 2 * first);
       hptx::fence_proxy_async_global();
     }
 #ifndef JAXATTN_EXP_NO_DQ_REDUCE  // timing experiment only: dQ never added
@@ -228,11 +242,23 @@ struct BwdMainloop {
     uint32_t phase = 0;
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
+#ifdef JAXATTN_EXP_DQ_ORDER_SCAN
+      // (deterministic, masked: the run's last key block, once per query block)
+      const int n_blocks = (args.seqlen_k + kBlockN - 1) / kBlockN;
+      int last = tile.n_block;
+#endif
       for (int m = tile.m_begin; m < tile.m_end; ++m, phase ^= 1) {
+        int adds_first = -1;
+#ifdef JAXATTN_EXP_DQ_ORDER_SCAN
+        if (args.dq_semaphore && view) {
+          last = advance_run_last(*view, last, m, n_blocks);
+          adds_first = last - tile.n_block;
+        }
+#endif
 #pragma unroll
         for (int wg = 0; wg < Tr::kConsumerWarpgroups; ++wg) {
           hptx::mbar_wait(sm.bar_dq_full(wg), phase);
-          add_dq(tm_dq, sm.dq(wg), tile, args, head, tile.q_row<kBlockM>(m), wg, view);
+          add_dq(tm_dq, sm.dq(wg), tile, args, head, tile.q_row<kBlockM>(m), wg, view, adds_first);
           hptx::bulk_wait_read0();
           hptx::mbar_arrive(sm.bar_dq_empty(wg));
         }
