@@ -331,19 +331,33 @@ __device__ __forceinline__ float softcap_grad(float capped, float inv_cap) {
 // key block first): block n adds after the blocks of its run above it, so under
 // causal or window ranges each block reaches a query block after those above it
 // have added (ascending, block n waited ~2n steps: docs/perf.md, sessions 23-24).
+// Whether key block n is in m_block's run or below it: its range is not empty and
+// starts at or before m_block (true up to the run's last block, false past it).
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ bool dq_run_reaches(const MaskView& m, int n, int m_block) {
+  const int2 r = m.query_range(n * kBlockN, n * kBlockN + kBlockN);
+  return (r.y > r.x) & (r.x / kBlockM <= m_block);
+}
 // How many blocks of m_block's run come after n_block (n_blocks: the row's key
-// blocks). The run's last block is the last whose range is not empty and starts at
-// or before m_block.
+// blocks): a binary search for the run's last block.
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ int dq_adds_after(const MaskView& m, int n_block, int m_block, int n_blocks) {
   int lo = n_block, hi = n_blocks - 1;  // the run's last key block (n_block is in it)
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    const int2 r = m.query_range(mid * kBlockN, mid * kBlockN + kBlockN);
-    if (r.y > r.x && r.x / kBlockM <= m_block) lo = mid;
+    if (dq_run_reaches<kBlockM, kBlockN>(m, mid, m_block)) lo = mid;
     else hi = mid - 1;
   }
   return lo - n_block;
+}
+// The run's last key block for m_block, advanced from `last`, its value at an earlier
+// query block (it never decreases with m_block): a linear scan that, over a CTA's
+// query blocks in order, costs O(1) a block (JAXATTN_EXP_DQ_ORDER_SCAN, sm90
+// reduce_dq; not measured).
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int dq_run_last_from(const MaskView& m, int last, int m_block, int n_blocks) {
+  while (last + 1 < n_blocks && dq_run_reaches<kBlockM, kBlockN>(m, last + 1, m_block)) ++last;
+  return last;
 }
 // The last key block that visits m_block without masks (causal: blocks start at query
 // block n kBlockN / kBlockM; else every block visits every query block).

@@ -191,19 +191,6 @@ struct BwdMainloop {
     return dq_run_last<kBlockM, kBlockN>(args.attn.is_causal, m, n_blocks) - tile.n_block;
   }
 
-  // The masked run's last key block for query block m, advanced from its value at an
-  // earlier query block (the runs are monotone, so it never decreases with m): a
-  // linear scan amortised over the CTA's query blocks instead of dq_adds_after's
-  // binary search at every add (JAXATTN_EXP_DQ_ORDER_SCAN, reduce_dq; not measured).
-  __device__ __forceinline__ static int advance_run_last(const MaskView& v, int last, int m, int n_blocks) {
-    while (last + 1 < n_blocks) {
-      const int2 r = v.query_range((last + 1) * kBlockN, (last + 2) * kBlockN);
-      if (!(r.y > r.x && r.x / kBlockM <= m)) break;
-      ++last;
-    }
-    return last;
-  }
-
   // Adds warpgroup wg's dQ staging (at `stage`) to dq_accum's rows q_base .. of `head`
   // with one TMA reduce-add. Deterministic mode: key block n adds after the blocks
   // above it that visit this query block (two warpgroup adds each, to different
@@ -251,7 +238,7 @@ struct BwdMainloop {
         int adds_first = -1;
 #ifdef JAXATTN_EXP_DQ_ORDER_SCAN
         if (args.dq_semaphore && view) {
-          last = advance_run_last(*view, last, m, n_blocks);
+          last = dq_run_last_from<kBlockM, kBlockN>(*view, last, m, n_blocks);
           adds_first = last - tile.n_block;
         }
 #endif

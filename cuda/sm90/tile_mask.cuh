@@ -20,6 +20,7 @@ namespace jaxattn::sm90 {
 using cuda::MaskView;
 using cuda::dq_adds_after;
 using cuda::dq_run_last;
+using cuda::dq_run_last_from;
 
 // The blocks [first, end) of size kBlock of the range [lo, hi) ((0, 0) stays empty).
 template <int kBlock>
