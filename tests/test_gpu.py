@@ -43,9 +43,11 @@ def test_sliced_inputs():
 # (H, B, T, N, causal): more query tiles than SMs, so each persistent CTA runs several
 # tiles, on both sides of the forward's schedule rule (cuda/sm90/fwd_launch.cuh): the
 # chained pingpong (non-causal; causal T <= 2048), the unchained pingpong (H=128 causal
-# T > 2048) and the three-warpgroup kernel (H=64 T >= 2048). T not a multiple of 128.
+# T > 2048), the three-warpgroup kernel (H=64 T >= 2048) and H=256 causal (persistent
+# pairs at T <= 4096, the plain grid above). T not a multiple of 128.
 _PERSISTENT_ROWS = [(64, 1, 1000, 40, False), (64, 1, 1000, 40, True), (64, 1, 2100, 20, False),
-                    (128, 2, 2000, 8, False), (128, 2, 2000, 8, True), (128, 2, 2100, 8, True)]
+                    (128, 2, 2000, 8, False), (128, 2, 2000, 8, True), (128, 2, 2100, 8, True),
+                    (256, 2, 2000, 16, True), (256, 1, 4200, 4, True)]
 
 
 @pytest.mark.parametrize("H,B,T,N,causal", _PERSISTENT_ROWS)

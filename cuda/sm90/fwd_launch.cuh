@@ -186,10 +186,15 @@ cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdV
 // behind). H=128 causal, since the persistent grid pairs query tiles (session 12,
 // fwd_schedule.cuh): ahead everywhere, T = 1K / 2K / 4K 409 / 533 / 597 vs 343 / 438 /
 // 510 for the grid, and at 16K 654 vs 623 for the grid's 176-key blocks (the
-// persistent form keeps 128).
+// persistent form keeps 128). H=256 causal, measured again in sessions 24-25 (six
+// standalone runs, persistent vs grid; what moved since session 12 not isolated): ahead
+// at T <= 4096 (+1.1 to +2.4% at 1K, +0.3 to +2.4% at 2K, +0.6 to +1.2% at 4K), far
+// behind at 16K (614 vs 688); a causal call reads keys only up to its last query row,
+// so seqlen_q decides.
+constexpr int kPersistentCausalMaxQ256 = 4096;
 inline bool default_persistent(int head_dim, int seqlen_q, int seqlen_k, bool causal) {
-  (void)seqlen_q, (void)seqlen_k;
-  return !causal || head_dim <= 128;
+  (void)seqlen_k;
+  return !causal || head_dim <= 128 || seqlen_q <= kPersistentCausalMaxQ256;
 }
 
 // Whether the default's persistent pingpong (H 64 at T < 2048, H 128) chains its

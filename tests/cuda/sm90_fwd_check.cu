@@ -432,7 +432,7 @@ int main(int argc, char** argv) {
   if (do_bench) {
     for (int H : {64, 128, 256})
       for (bool causal : {false, true})
-        for (int T : {1024, 2048, 4096, 16384}) rows.push_back(bench(T, H, causal));
+        for (int T : {1024, 2048, 4096, 8192, 16384}) rows.push_back(bench(T, H, causal));
   }
 
   std::printf("\n===== results =====\n");
