@@ -8,7 +8,10 @@ custom call, and what each piece costs.
 As a script, the attention benchmark's rows (benchmarks/attention.py's
 inputs and functions: B*T = 16K tokens, N*H = 2048):
   python3 scripts/kernel_trace.py --heads 64 --seqlen 1024 --causal 0 --pass fwd --impls jaxattn,cudnn
-and, with --masks, benchmarks/masks.py's packed and separate rows (jaxattn,
+--settle-s S runs each implementation alone for S seconds before its trace, so it is
+traced at the clock its own power draw sets under the cap (not an idle chip's), and
+prints the SM clock and board power nvidia-smi reads at the end of the settling.
+And, with --masks, benchmarks/masks.py's packed and separate rows (jaxattn,
 causal; documents of --doc-min..--doc-max tokens in --seqlen tokens):
   python3 scripts/kernel_trace.py --masks --heads 128 --seqlen 16384 --pass fwd
 """
@@ -19,7 +22,9 @@ import gzip
 import json
 import os
 import statistics
+import subprocess
 import sys
+import time
 import tempfile
 
 import jax
@@ -88,6 +93,8 @@ def main():
     ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "fwdbwd"))
     ap.add_argument("--impls", default="jaxattn,cudnn")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--settle-s", type=float, default=0.0,
+                    help="run each implementation alone this long before tracing it")
     ap.add_argument("--masks", action="store_true", help="masks.py's packed / separate rows instead")
     ap.add_argument("--doc-min", type=int, default=512)
     ap.add_argument("--doc-max", type=int, default=2048)
@@ -105,7 +112,29 @@ def main():
     for impl in a.impls.split(","):
         f = jax.jit(bench.build_function(jax, jnp, jaxattn, impl, row, None))
         print(f"== {impl}: {a.pass_} H={H} T={T} B={row['B']} N={row['N']} causal={a.causal}")
+        if a.settle_s > 0:
+            settle(lambda: f(*args), a.settle_s)
         kernel_trace(lambda: f(*args), a.steps)
+
+
+def settle(step, seconds):
+    """Runs `step` back to back for `seconds` (a sync every ~10 calls), then prints the
+    calls made and nvidia-smi's SM clock and power draw, read while the last calls run."""
+    jax.block_until_ready(step())
+    t0, calls, smi = time.perf_counter(), 0, None
+    while time.perf_counter() - t0 < seconds:
+        jax.block_until_ready([step() for _ in range(10)])
+        calls += 10
+        if smi is None and time.perf_counter() - t0 > 0.8 * seconds:
+            try:
+                smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu",
+                                        "--format=csv,noheader"], stdout=subprocess.PIPE, text=True)
+            except OSError:
+                smi = False
+    dt = time.perf_counter() - t0
+    reading = smi.communicate()[0].strip() if smi else "n/a"
+    print(f"settled: {calls} calls in {dt:.2f} s ({1e3 * dt / calls:.3f} ms a call); "
+          f"nvidia-smi near the end: {reading}")
 
 
 def trace_masks(a):
