@@ -20,7 +20,10 @@ dispatch overlaps device work as in a training loop; the sync's cost (and
 the dispatch cost, measured once on a trivial jitted function,
 `dispatch_overhead_us` in the JSON) matters only for the smallest rows.
 The implementations of a row take turns (round robin), one sample each per
-turn by default. The H200 runs power-capped (~700 W) and sets its clock from
+turn by default, the order rotating by one every turn. (With a fixed order,
+cuDNN, always right after the portable kernel, read H=128 T=16K fwd+bwd at
+598 TFLOP/s against 539 when settled alone, while jaxattn read 573 / 568:
+session 26, docs/perf.md.) The H200 runs power-capped (~700 W) and sets its clock from
 a ~1 s average of the power, so in that round robin every implementation runs
 at the clock the mix sets: an implementation that draws less power per clock
 (the portable kernels) is timed below its own clock, the hungriest above it.
@@ -583,7 +586,13 @@ def run_row(args, jax, jnp, jaxattn, device, row: dict, idx: int) -> tuple[dict,
     for turn in range(-(-args.reps // per_turn)):
         if fatal:
             break
-        for impl in list(states):
+        # The order rotates every turn, so that no implementation always runs right
+        # after the same one (the clock under the power cap follows what ran before).
+        order = list(states)
+        order = order[turn % len(order):] + order[:turn % len(order)] if order else order
+        for impl in order:
+            if impl not in states:
+                continue
             try:
                 if args.settle_ms > 0:
                     settle(jax, states[impl], arg_sets, args.settle_ms * 1e-3)

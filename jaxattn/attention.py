@@ -240,8 +240,8 @@ def flash_attention(
       deterministic: static bool (not in jax.nn). ``True`` makes the CUDA
         backward add the query gradient of each key block in a fixed order,
         so gradients are identical bit for bit from run to run (slower: on an
-        H200 at 16K tokens, 1.2-1.3x the default's fwd+bwd time unmasked,
-        ~1.7x with a window or lengths); by default the blocks add in
+        H200 at 16K tokens, 1.2-1.3x the default's fwd+bwd time, with or
+        without a window or lengths); by default the blocks add in
         whatever order they finish.
         The CPU kernel and the reference are always deterministic.
 

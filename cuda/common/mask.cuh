@@ -352,8 +352,8 @@ __device__ __forceinline__ int dq_adds_after(const MaskView& m, int n_block, int
 }
 // The run's last key block for m_block, advanced from `last`, its value at an earlier
 // query block (it never decreases with m_block): a linear scan that, over a CTA's
-// query blocks in order, costs O(1) a block (JAXATTN_EXP_DQ_ORDER_SCAN, sm90
-// reduce_dq; not measured).
+// query blocks in order, costs O(1) a block (sm90 reduce_dq: the masked deterministic
+// mode's cost over the default fell from ~1.74x to ~1.22x, session 26).
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ int dq_run_last_from(const MaskView& m, int last, int m_block, int n_blocks) {
   while (last + 1 < n_blocks && dq_run_reaches<kBlockM, kBlockN>(m, last + 1, m_block)) ++last;
