@@ -69,14 +69,38 @@ struct BwdMainloopWide {
       hptx::wgmma_ss_t<Elem, kHalf, 0, 1>(acc, a.at(kk * 32), b.at(kk * 16 * 128), 1);
   }
 
-  // dq(64 queries x kHalf) = dS K: A = dS^T tile read MN-major, B = K (MN-major), head-dim
-  // columns of half wg.
-  template <bool kAdd>
-  __device__ __forceinline__ static void issue_dq(float (&dq)[kAccRegs], uint32_t ds_tile, uint32_t k_tile, int wg) {
-    const hptx::TileDesc<kAdd> a(ds_tile, kBlockN * 128, 1024), b(k_tile + 2 * wg * kChunkBytes, kChunkBytes, 1024);
+  // dq(64 queries x kCols) = dS K: A = dS^T tile read MN-major, B = K (MN-major), head-dim
+  // columns of half wg (kCols = kHalf), or of its part `part` (kCols = kHalf / 2).
+  template <bool kAdd, int kCols = kHalf>
+  __device__ __forceinline__ static void issue_dq(float (&dq)[kCols / 2], uint32_t ds_tile, uint32_t k_tile, int wg,
+                                                  int part = 0) {
+    static_assert(kCols % 64 == 0, "whole 64-column chunks of K");
+    const uint32_t b_base = k_tile + (wg * (kHalf / 64) + part * (kCols / 64)) * kChunkBytes;
+    const hptx::TileDesc<kAdd> a(ds_tile, kBlockN * 128, 1024), b(b_base, kChunkBytes, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      hptx::wgmma_ss_t<Elem, kHalf, 1, 1>(dq, a.at(kk * 16 * 128), b.at(kk * 16 * 128), kk > 0 ? 1 : 0);
+      hptx::wgmma_ss_t<Elem, kCols, 1, 1>(dq, a.at(kk * 16 * 128), b.at(kk * 16 * 128), kk > 0 ? 1 : 0);
+  }
+
+  // S^T (one commit group) of the step in `stage`, once it has landed; then its dP^T
+  // (another).
+  // (kWideSplitDq issues them after the last step too, of a stale stage and unwaited
+  // (`wait` false), and drops them: a wgmma behind a branch serialised the wgmmas
+  // (ptxas C7518) and spilled.)
+  template <bool kAdd>
+  __device__ __forceinline__ static void issue_s(float (&s)[kSRegs], const BwdSmem<Tr>& sm, const Pipe& stage, int wg,
+                                                 bool wait = true) {
+    if (wait) hptx::mbar_wait(sm.bar_q_full(stage.stage), stage.phase);
+    hptx::wgmma_fence();
+    issue_abT<kAdd>(s, sm.k(), sm.q(stage.stage), wg);
+    hptx::wgmma_commit();
+  }
+  template <bool kAdd>
+  __device__ __forceinline__ static void issue_dp(float (&dp)[kSRegs], const BwdSmem<Tr>& sm, const Pipe& stage,
+                                                  int wg, bool fence = true) {
+    if (fence) hptx::wgmma_fence();  // (not right behind issue_s: its fence covers both)
+    issue_abT<kAdd>(dp, sm.v(), sm.dout(stage.stage), wg);
+    hptx::wgmma_commit();
   }
 
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
@@ -95,7 +119,9 @@ struct BwdMainloopWide {
 
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
-    float s[kSRegs], dp[kSRegs], dq[kAccRegs];
+    constexpr bool kSplit = Tr::kWideSplitDq;
+    constexpr int kDqCols = kSplit ? kHalf / 2 : kHalf;  // columns of one dQ accumulator
+    float s[kSRegs], dp[kSRegs], dq[kDqCols / 2], dq_b[kSplit ? kDqCols / 2 : 1];
     uint32_t pk[kSRegs / 2];
     BwdStepMask<kMasked, kQCols> mask(mask_view, args.attn, key0);
     mask.begin(tile.m_begin < tile.m_end ? tile.q_row<kBlockM>(tile.m_begin) + wg * kQCols : -1);
@@ -104,23 +130,34 @@ struct BwdMainloopWide {
     Pipe pipe;
     int buf = 0;
     int pending_stage = -1;  // stage whose dQ reduce-add may still be reading it (thread 0)
+    const int n_steps = tile.steps(args.group);
+    int step = 0;
+    // kSplit: each step's S^T goes out at the end of the step before (the first step's
+    // here) and is done when the step begins; dP^T at the top. (An S^T still in flight
+    // across the loop's back edge serialised every wgmma: ptxas C7514.)
+    if (kSplit && n_steps > 0) {
+      issue_s<kAdd>(s, sm, pipe, wg);
+      hptx::wgmma_wait<0>();
+      hptx::reg_fence_array(s);
+    }
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
-      for (int m = tile.m_begin; m < tile.m_end; ++m) {
+      for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
         const int q_base = tile.q_row<kBlockM>(m), q0 = q_base + wg * kQCols;
 
-        hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
+        if constexpr (!kSplit) {
+          issue_s<kAdd>(s, sm, pipe, wg);
+          issue_dp<kAdd>(dp, sm, pipe, wg, false);
+        } else {
+          issue_dp<kAdd>(dp, sm, pipe, wg);
+        }
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
-        hptx::wgmma_fence();
-        issue_abT<kAdd>(s, sm.k(), q_tile, wg);
-        hptx::wgmma_commit();
-        issue_abT<kAdd>(dp, sm.v(), do_tile, wg);
-        hptx::wgmma_commit();
         const int next_m = Base::next_step_block(tile, args.group, hg, m);
         mask.load_ids(next_m < 0 ? -1 : tile.q_row<kBlockM>(next_m) + wg * kQCols, t);
 
         // The previous step's reduce-add has read its staging: that stage is free.
-        if (tid == 0 && pending_stage >= 0) {
+        // (kSplit: after P^T, below.)
+        if (!kSplit && tid == 0 && pending_stage >= 0) {
           hptx::bulk_wait_read0();
           hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
         }
@@ -142,6 +179,13 @@ struct BwdMainloopWide {
 #pragma unroll
         for (int i = 0; i < kSRegs / 2; ++i) pk[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
         store_packed_sw128<kQCols>(pk, sm.pt(buf), 0, warp * 16 + g, t, wg * kQCols);
+        // (kSplit: the previous stage is released here, once P^T is out of the way: this
+        // step's S^T was done when it began, so there is nothing else to hide the read
+        // of the add behind; the producer refills the stage during dS^T and dV / dK / dQ.)
+        if (kSplit && tid == 0 && pending_stage >= 0) {
+          hptx::bulk_wait_read0();
+          hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
+        }
 
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dp);
@@ -153,22 +197,45 @@ struct BwdMainloopWide {
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(1, 256);  // both warpgroups' P^T / dS^T columns are in
 
+        Pipe next = pipe;
+        next.advance();
+        const bool more = step + 1 < n_steps;
+        // kSplit: the next stage has landed (it loaded during this step's S^T / P / dS)
+        // before any wgmma is in flight: a wait loop between wgmmas serialised them
+        // (ptxas C7514).
         hptx::wgmma_fence();
         issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
         issue_kv<kAdd>(dk, sm.ds(buf), q_tile, wg);
         hptx::wgmma_commit();
-        issue_dq<kAdd>(dq, sm.ds(buf), sm.k(), wg);
+        issue_dq<kAdd, kDqCols>(dq, sm.ds(buf), sm.k(), wg, 0);
         hptx::wgmma_commit();
+        if constexpr (kSplit) {
+          issue_dq<kAdd, kDqCols>(dq_b, sm.ds(buf), sm.k(), wg, 1);
+          hptx::wgmma_commit();
+        }
 
         // dV / dK done here and (barrier) in the other warpgroup: Q / dO are free.
-        hptx::wgmma_wait<1>();
+        hptx::wgmma_wait<kSplit ? 2 : 1>();
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
         hptx::named_bar_sync(1, 256);
-        hptx::wgmma_wait<0>();
+        hptx::wgmma_wait<kSplit ? 1 : 0>();
         hptx::reg_fence_array(dq);
         const uint32_t dq_stage = wg == 0 ? q_tile : do_tile;
-        store_acc_f32_sw128<kHalf>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+        store_acc_f32_sw128<kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+        if constexpr (kSplit) {
+          // The next step's S^T into the registers the first half freed, then the
+          // second half staged while it runs. (After the last step: a throwaway S^T of
+          // the other stage, unwaited; its registers are dead. Issued behind a branch,
+          // ptxas serialised the wgmmas: C7515.)
+          issue_s<kAdd>(s, sm, next, wg, more);
+          hptx::wgmma_wait<1>();
+          hptx::reg_fence_array(dq_b);
+          store_acc_f32_sw128<kDqCols>(dq_b, dq_stage + (kDqCols / 32) * kBlockM * 128, kBlockM * 128,
+                                       warp * 16 + g, t);
+          hptx::wgmma_wait<0>();
+          hptx::reg_fence_array(s);
+        }
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
         // (deterministic mode: one add per warpgroup per key block, disjoint columns)
@@ -178,6 +245,7 @@ struct BwdMainloopWide {
         buf ^= 1;
       }
     }
+
     if (tid == 0 && pending_stage >= 0) {
       hptx::bulk_wait_read0();
       hptx::mbar_arrive(sm.bar_q_empty(pending_stage));

@@ -32,6 +32,11 @@
 
 #include "common/params.h"
 
+// Timing experiment (session 26, prepared, not yet run): BwdTraits::kWideSplitDq.
+#ifndef JAXATTN_EXP_BWD256_SPLIT_DQ
+#define JAXATTN_EXP_BWD256_SPLIT_DQ 0
+#endif
+
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -129,6 +134,13 @@ struct BwdTraits {
   // causal H=64). With the pingpong it lost 3-5% at H=64 and gained 0-2% at H=128
   // (pingpong at 128), so the pingpong keeps the barrier.
   static constexpr bool kSkewDq = !kWide && !kPingpong;
+  // Wide: dQ as two 64-column wgmmas; the first half staged, then the next step's S^T
+  // issued (into the registers the half freed) and the second half staged while it
+  // runs; the next step then starts with S^T done (its P^T under dP^T). (Both
+  // products issued before any staging kept dK, dV, dQ and S^T / dP^T live at once
+  // and spilled 192-576 bytes; here at most dK, dV, half of dQ and S^T: ~176 of 240;
+  // ptxas: no spills, no serialisation.)
+  static constexpr bool kWideSplitDq = kWide && JAXATTN_EXP_BWD256_SPLIT_DQ;
   static constexpr int kNumBars =
       1 + 2 * kStages + (kDqWarp ? 2 * kConsumerWarpgroups : 0) + (kSkewDq ? 4 : 0);
   // Arrivals that free a Q / dO stage: one per consumer warp; wide: one per
