@@ -32,11 +32,6 @@
 
 #include "common/params.h"
 
-// Timing experiment (session 26, prepared, not yet run): BwdTraits::kWideSplitDq.
-#ifndef JAXATTN_EXP_BWD256_SPLIT_DQ
-#define JAXATTN_EXP_BWD256_SPLIT_DQ 0
-#endif
-
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -139,8 +134,11 @@ struct BwdTraits {
   // runs; the next step then starts with S^T done (its P^T under dP^T). (Both
   // products issued before any staging kept dK, dV, dQ and S^T / dP^T live at once
   // and spilled 192-576 bytes; here at most dK, dV, half of dQ and S^T: ~176 of 240;
-  // ptxas: no spills, no serialisation.)
-  static constexpr bool kWideSplitDq = kWide && JAXATTN_EXP_BWD256_SPLIT_DQ;
+  // ptxas: no spills, no serialisation.) H200, session 26 run 5, standalone, against
+  // the whole dQ staged first: non-causal +10.9 / +10.1 / +9.8% (T = 1K / 4K / 16K),
+  // causal -3.1 / -4.7 / -2.7%; so the unmasked non-causal kernel only
+  // (BwdMainloopWide::consume; the masked kernels were not measured with it).
+  static constexpr bool kWideSplitDq = kWide;
   static constexpr int kNumBars =
       1 + 2 * kStages + (kDqWarp ? 2 * kConsumerWarpgroups : 0) + (kSkewDq ? 4 : 0);
   // Arrivals that free a Q / dO stage: one per consumer warp; wide: one per
