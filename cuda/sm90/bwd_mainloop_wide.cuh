@@ -85,11 +85,8 @@ struct BwdMainloopWide {
       hptx::wgmma_ss_t<Elem, kCols, 1, 1>(dq, a.at(kk * 16 * 128), b.at(kk * 16 * 128), kk > 0 ? 1 : 0);
   }
 
-  // S^T (one commit group) of the step in `stage`, once it has landed; then its dP^T
-  // (another).
-  // (kWideSplitDq issues them after the last step too, of a stale stage and unwaited
-  // (`wait` false), and drops them: a wgmma behind a branch serialised the wgmmas
-  // (ptxas C7518) and spilled.)
+  // S^T (one commit group) of the step in `stage`, once it has landed (`wait`); then its
+  // dP^T (another).
   template <bool kAdd>
   __device__ __forceinline__ static void issue_s(float (&s)[kSRegs], const BwdSmem<Tr>& sm, const Pipe& stage, int wg,
                                                  bool wait = true) {
@@ -200,12 +197,6 @@ struct BwdMainloopWide {
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(1, 256);  // both warpgroups' P^T / dS^T columns are in
 
-        Pipe next = pipe;
-        next.advance();
-        const bool more = step + 1 < n_steps;
-        // kSplit: the next stage has landed (it loaded during this step's S^T / P / dS)
-        // before any wgmma is in flight: a wait loop between wgmmas serialised them
-        // (ptxas C7514).
         hptx::wgmma_fence();
         issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
         issue_kv<kAdd>(dk, sm.ds(buf), q_tile, wg);
@@ -231,7 +222,9 @@ struct BwdMainloopWide {
           // second half staged while it runs. (After the last step: a throwaway S^T of
           // the other stage, unwaited; its registers are dead. Issued behind a branch,
           // ptxas serialised the wgmmas: C7515.)
-          issue_s<kAdd>(s, sm, next, wg, more);
+          Pipe next = pipe;
+          next.advance();
+          issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);
           hptx::wgmma_wait<1>();
           hptx::reg_fence_array(dq_b);
           store_acc_f32_sw128<kDqCols>(dq_b, dq_stage + (kDqCols / 32) * kBlockM * 128, kBlockM * 128,
@@ -248,7 +241,6 @@ struct BwdMainloopWide {
         buf ^= 1;
       }
     }
-
     if (tid == 0 && pending_stage >= 0) {
       hptx::bulk_wait_read0();
       hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
