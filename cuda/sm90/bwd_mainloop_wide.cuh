@@ -103,6 +103,15 @@ struct BwdMainloopWide {
     hptx::wgmma_commit();
   }
 
+  // Thread 0 of a warpgroup: once the reduce-add it issued from stage `stage`'s dQ
+  // staging has read it, the stage goes back to the producer (none: stage < 0).
+  __device__ __forceinline__ static void free_stage(const BwdSmem<Tr>& sm, int tid, int stage) {
+    if (tid == 0 && stage >= 0) {
+      hptx::bulk_wait_read0();
+      hptx::mbar_arrive(sm.bar_q_empty(stage));
+    }
+  }
+
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
   // kMasked: as BwdMainloop::consume.
   template <bool kCausal, bool kMasked = false>
@@ -157,10 +166,7 @@ struct BwdMainloopWide {
 
         // The previous step's reduce-add has read its staging: that stage is free.
         // (kSplit: after P^T, below.)
-        if (!kSplit && tid == 0 && pending_stage >= 0) {
-          hptx::bulk_wait_read0();
-          hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
-        }
+        if constexpr (!kSplit) free_stage(sm, tid, pending_stage);
 
         // This warpgroup's lse / D columns from the stage's stats tile, in flight while
         // S^T finishes (loading them after the S^T wait, as at head dim 128, measured
@@ -182,10 +188,7 @@ struct BwdMainloopWide {
         // (kSplit: the previous stage is released here, once P^T is out of the way: this
         // step's S^T was done when it began, so there is nothing else to hide the read
         // of the add behind; the producer refills the stage during dS^T and dV / dK / dQ.)
-        if (kSplit && tid == 0 && pending_stage >= 0) {
-          hptx::bulk_wait_read0();
-          hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
-        }
+        if constexpr (kSplit) free_stage(sm, tid, pending_stage);
 
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dp);
@@ -241,10 +244,7 @@ struct BwdMainloopWide {
         buf ^= 1;
       }
     }
-    if (tid == 0 && pending_stage >= 0) {
-      hptx::bulk_wait_read0();
-      hptx::mbar_arrive(sm.bar_q_empty(pending_stage));
-    }
+    free_stage(sm, tid, pending_stage);
   }
 };
 
