@@ -31,6 +31,11 @@
 #include "sm90/fwd_smem.cuh"  // PipeState
 #include "sm90/smem_rows.cuh"
 
+// Experiment switch (session 27): the split dQ also in the causal kernel.
+#ifndef JAXATTN_EXP_BWD256_SPLIT_CAUSAL
+#define JAXATTN_EXP_BWD256_SPLIT_CAUSAL 0
+#endif
+
 namespace jaxattn::sm90 {
 
 template <class Tr>
@@ -128,7 +133,7 @@ struct BwdMainloopWide {
 
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
-    constexpr bool kSplit = Tr::kWideSplitDq && !kCausal && !kMasked;
+    constexpr bool kSplit = Tr::kWideSplitDq && !kMasked && (!kCausal || JAXATTN_EXP_BWD256_SPLIT_CAUSAL);
     constexpr int kDqCols = kSplit ? kHalf / 2 : kHalf;  // columns of one dQ accumulator
     float s[kSRegs], dp[kSRegs], dq[kDqCols / 2], dq_b[kSplit ? kDqCols / 2 : 1];
     uint32_t pk[kSRegs / 2];

@@ -32,6 +32,12 @@
 
 #include "common/params.h"
 
+// Experiment switch (session 27): wgmma descriptors by addition in the causal
+// head-dim-256 backward.
+#ifndef JAXATTN_EXP_BWD256_CAUSAL_DESC_ADD
+#define JAXATTN_EXP_BWD256_CAUSAL_DESC_ADD 0
+#endif
+
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -166,7 +172,7 @@ struct BwdTraits {
   // (with addition the masked H=128 kernel spilled 8 bytes).
   template <bool kCausal, bool kMasked>
   static constexpr bool desc_add() {
-    return !kMasked && !kCausal && kHeadDim >= 128;
+    return !kMasked && (!kCausal || (kWide && JAXATTN_EXP_BWD256_CAUSAL_DESC_ADD)) && kHeadDim >= 128;
   }
 };
 
