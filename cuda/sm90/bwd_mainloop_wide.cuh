@@ -14,9 +14,10 @@
 //      and one thread adds it to the global accumulator with a TMA reduce-add. The
 //      stage goes back to the producer when that reduce has read it: checked at
 //      the next step, after its first wgmmas are issued.
-// Unmasked non-causal (Tr::kWideSplitDq): dQ is two 64-column halves, and the next
-// step's S^T is issued between the two halves' staging, so the step after begins
-// with S^T done and its P^T runs under dP^T (+10% on the H=256 backward).
+// Unmasked (Tr::kWideSplitDq): dQ is two 64-column halves, staged without bank
+// conflicts, and the next step's S^T is issued between the two halves' staging, so
+// the step after begins with S^T done and its P^T runs under dP^T (+10-13% non-causal,
+// +0-1% causal on the H=256 backward).
 #pragma once
 
 #include <cuda.h>
@@ -30,11 +31,6 @@
 #include "sm90/bwd_traits.cuh"
 #include "sm90/fwd_smem.cuh"  // PipeState
 #include "sm90/smem_rows.cuh"
-
-// Experiment switch (session 27): the split dQ also in the causal kernel.
-#ifndef JAXATTN_EXP_BWD256_SPLIT_CAUSAL
-#define JAXATTN_EXP_BWD256_SPLIT_CAUSAL 0
-#endif
 
 namespace jaxattn::sm90 {
 
@@ -133,7 +129,7 @@ struct BwdMainloopWide {
 
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
-    constexpr bool kSplit = Tr::kWideSplitDq && !kMasked && (!kCausal || JAXATTN_EXP_BWD256_SPLIT_CAUSAL);
+    constexpr bool kSplit = Tr::kWideSplitDq && !kMasked;
     constexpr int kDqCols = kSplit ? kHalf / 2 : kHalf;  // columns of one dQ accumulator
     float s[kSRegs], dp[kSRegs], dq[kDqCols / 2], dq_b[kSplit ? kDqCols / 2 : 1];
     uint32_t pk[kSRegs / 2];
@@ -224,7 +220,10 @@ struct BwdMainloopWide {
         hptx::wgmma_wait<kSplit ? 1 : 0>();
         hptx::reg_fence_array(dq);
         const uint32_t dq_stage = wg == 0 ? q_tile : do_tile;
-        store_acc_f32_sw128<kDqCols>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+        // (kSplit: the stores without bank conflicts, kSpread: +0.5-3% non-causal and
+        // what made the split pay causal, session 27 run 3; the masked kernels keep the
+        // plain store, -0..-3% with the spread at H=256 causal unsplit, session 14.)
+        store_acc_f32_sw128<kDqCols, kSplit>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
         if constexpr (kSplit) {
           // The next step's S^T into the registers the first half freed, then the
           // second half staged while it runs. (After the last step: a throwaway S^T of
@@ -235,7 +234,7 @@ struct BwdMainloopWide {
           issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);
           hptx::wgmma_wait<1>();
           hptx::reg_fence_array(dq_b);
-          store_acc_f32_sw128<kDqCols>(dq_b, dq_stage + (kDqCols / 32) * kBlockM * 128, kBlockM * 128,
+          store_acc_f32_sw128<kDqCols, kSplit>(dq_b, dq_stage + (kDqCols / 32) * kBlockM * 128, kBlockM * 128,
                                        warp * 16 + g, t);
           hptx::wgmma_wait<0>();
           hptx::reg_fence_array(s);

@@ -32,12 +32,6 @@
 
 #include "common/params.h"
 
-// Experiment switch (session 27): wgmma descriptors by addition in the causal
-// head-dim-256 backward.
-#ifndef JAXATTN_EXP_BWD256_CAUSAL_DESC_ADD
-#define JAXATTN_EXP_BWD256_CAUSAL_DESC_ADD 0
-#endif
-
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -142,8 +136,12 @@ struct BwdTraits {
   // and spilled 192-576 bytes; here at most dK, dV, half of dQ and S^T: ~176 of 240;
   // ptxas: no spills, no serialisation.) H200, session 26 run 5, standalone, against
   // the whole dQ staged first: non-causal +10.9 / +10.1 / +9.8% (T = 1K / 4K / 16K),
-  // causal -3.1 / -4.7 / -2.7%; so the unmasked non-causal kernel only
-  // (BwdMainloopWide::consume; the masked kernels were not measured with it).
+  // causal -3.1 / -4.7 / -2.7%. With the staging stores made conflict-free (kSpread,
+  // session 27 run 3, same call): non-causal +2 / +3.4 / +0.5% more, causal +1 / +1 / 0%
+  // against the unsplit kernel; so every unmasked wide kernel (BwdMainloopWide::consume;
+  // the masked ones were not measured with it). Tried and dropped there: the stage
+  // released at the step's top (-5 to -12%), the causal kernel's descriptors by addition
+  // (no change), warpgroups in roles (S^T / P^T in one, dP^T / dS^T in the other: -6 to -10%).
   static constexpr bool kWideSplitDq = kWide;
   static constexpr int kNumBars =
       1 + 2 * kStages + (kDqWarp ? 2 * kConsumerWarpgroups : 0) + (kSkewDq ? 4 : 0);
@@ -172,7 +170,7 @@ struct BwdTraits {
   // (with addition the masked H=128 kernel spilled 8 bytes).
   template <bool kCausal, bool kMasked>
   static constexpr bool desc_add() {
-    return !kMasked && (!kCausal || (kWide && JAXATTN_EXP_BWD256_CAUSAL_DESC_ADD)) && kHeadDim >= 128;
+    return !kMasked && !kCausal && kHeadDim >= 128;
   }
 };
 
