@@ -32,6 +32,13 @@
 #include "sm90/fwd_smem.cuh"  // PipeState
 #include "sm90/smem_rows.cuh"
 
+// Experiment switch (session 27, not yet run): in the split kernels, dV issued as soon as
+// both warpgroups' P^T columns are in (one more barrier a step), so it runs under the
+// dS^T phase instead of after it.
+#ifndef JAXATTN_EXP_BWD256_EARLY_DV
+#define JAXATTN_EXP_BWD256_EARLY_DV 0
+#endif
+
 namespace jaxattn::sm90 {
 
 template <class Tr>
@@ -191,7 +198,17 @@ struct BwdMainloopWide {
         // of the add behind; the producer refills the stage during dS^T and dV / dK / dQ.)
         if constexpr (kSplit) free_stage(sm, tid, pending_stage);
 
-        hptx::wgmma_wait<0>();
+        constexpr bool kEarlyDv = kSplit && JAXATTN_EXP_BWD256_EARLY_DV;
+        if constexpr (kEarlyDv) {
+          hptx::fence_proxy_async_smem();
+          hptx::named_bar_sync(1, 256);  // both warpgroups' P^T columns are in
+          hptx::wgmma_fence();
+          issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
+          hptx::wgmma_commit();
+          hptx::wgmma_wait<1>();  // dP^T (dV runs on)
+        } else {
+          hptx::wgmma_wait<0>();
+        }
         hptx::reg_fence_array(dp);
         Base::template dscores<kQCols>(dp, s, dps_c);
         mask.chain_grads(dp);
@@ -202,7 +219,7 @@ struct BwdMainloopWide {
         hptx::named_bar_sync(1, 256);  // both warpgroups' P^T / dS^T columns are in
 
         hptx::wgmma_fence();
-        issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
+        if constexpr (!kEarlyDv) issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
         issue_kv<kAdd>(dk, sm.ds(buf), q_tile, wg);
         hptx::wgmma_commit();
         issue_dq<kAdd, kDqCols>(dq, sm.ds(buf), sm.k(), wg, 0);
