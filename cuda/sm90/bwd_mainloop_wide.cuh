@@ -39,6 +39,13 @@
 #define JAXATTN_EXP_BWD256_EARLY_DV 0
 #endif
 
+// Experiment switch (session 27, not yet run): in the split kernels, the next step's S^T
+// issued right after the dV / dK barrier, before either dQ half is staged (its wgmmas
+// queue behind the dQ halves; live then: dK, dV, both dQ halves and S^T, ~208 of 240).
+#ifndef JAXATTN_EXP_BWD256_EARLY_ST
+#define JAXATTN_EXP_BWD256_EARLY_ST 0
+#endif
+
 namespace jaxattn::sm90 {
 
 template <class Tr>
@@ -234,7 +241,15 @@ struct BwdMainloopWide {
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
         hptx::named_bar_sync(1, 256);
-        hptx::wgmma_wait<kSplit ? 1 : 0>();
+        constexpr bool kEarlySt = kSplit && JAXATTN_EXP_BWD256_EARLY_ST;
+        if constexpr (kEarlySt) {
+          Pipe next = pipe;
+          next.advance();
+          issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);  // (last step: throwaway)
+          hptx::wgmma_wait<2>();
+        } else {
+          hptx::wgmma_wait<kSplit ? 1 : 0>();
+        }
         hptx::reg_fence_array(dq);
         const uint32_t dq_stage = wg == 0 ? q_tile : do_tile;
         // (kSplit: the stores without bank conflicts, kSpread: +0.5-3% non-causal and
@@ -246,9 +261,11 @@ struct BwdMainloopWide {
           // second half staged while it runs. (After the last step: a throwaway S^T of
           // the other stage, unwaited; its registers are dead. Issued behind a branch,
           // ptxas serialised the wgmmas: C7515.)
-          Pipe next = pipe;
-          next.advance();
-          issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);
+          if constexpr (!kEarlySt) {
+            Pipe next = pipe;
+            next.advance();
+            issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);
+          }
           hptx::wgmma_wait<1>();
           hptx::reg_fence_array(dq_b);
           store_acc_f32_sw128<kDqCols, kSplit>(dq_b, dq_stage + (kDqCols / 32) * kBlockM * 128, kBlockM * 128,
