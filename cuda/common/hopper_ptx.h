@@ -279,6 +279,28 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, uint
       "l"(tmap), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+// L2 eviction priority policies for the .L2::cache_hint forms (a 64-bit operand made by
+// createpolicy; fraction 1.0: every line the access touches). evict_last: data other
+// CTAs will touch again soon; evict_first: data read once.
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+// tma_load_5d with an L2 policy.
+__device__ __forceinline__ void tma_load_5d_hint(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1,
+                                                 int c2, int c3, int c4, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5, %6, %7}], [%2], %8;\n" ::"r"(dst),
+      "l"(tmap), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "l"(policy)
+      : "memory");
+}
 // 5D tiled store shared -> global (elements out of the tensor's range are not written).
 __device__ __forceinline__ void tma_store_5d(const void* tmap, uint32_t src, int c0, int c1, int c2, int c3,
                                              int c4) {
@@ -296,6 +318,15 @@ __device__ __forceinline__ void tma_reduce_add_5d(const void* tmap, uint32_t src
       "cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group"
       " [%0, {%2, %3, %4, %5, %6}], [%1];\n" ::"l"(tmap),
       "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
+}
+// tma_reduce_add_5d with an L2 policy.
+__device__ __forceinline__ void tma_reduce_add_5d_hint(const void* tmap, uint32_t src, int c0, int c1, int c2,
+                                                       int c3, int c4, uint64_t policy) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group.L2::cache_hint"
+      " [%0, {%2, %3, %4, %5, %6}], [%1], %7;\n" ::"l"(tmap),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "l"(policy)
       : "memory");
 }
 // Contiguous bulk copy global -> shared of `bytes` (a multiple of 16; both addresses

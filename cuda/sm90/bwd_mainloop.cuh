@@ -29,6 +29,14 @@
 #include "sm90/smem_rows.cuh"
 #include "sm90/tile_mask.cuh"
 
+// Experiment switch (session 27, not yet run): L2 eviction priorities on the backward's
+// bulk copies: Q / dO loads and the dQ reduce-add evict_last (every key block's CTA
+// touches them), K / V loads evict_first (one reader). Head dim 256 only (at 128 the
+// policy registers made the 24-register dQ warp spill).
+#ifndef JAXATTN_EXP_BWD_L2HINT
+#define JAXATTN_EXP_BWD_L2HINT 0
+#endif
+
 namespace jaxattn::sm90 {
 
 // The mask of one consumer thread's S^T accumulators in a masked backward (no-ops
@@ -111,6 +119,7 @@ struct BwdMainloop {
   static constexpr int kPRegs = kBlockM / 4;    // P^T / dS^T as packed 16-bit pairs
   static constexpr int kAccRegs = Tr::kAccRegs;  // dK / dV accumulator floats (64 keys x H)
   static constexpr int kDqRegs = Tr::kDqCols / 2;
+  static constexpr bool kL2Hint = JAXATTN_EXP_BWD_L2HINT && Tr::kWide;
   using Pipe = PipeState<Tr::kStages>;
 
   // The query block of the step after (hg, m), or -1 after the last one.
@@ -123,8 +132,14 @@ struct BwdMainloop {
   __device__ static void load_kv(const CUtensorMap* tm_k, const CUtensorMap* tm_v, const BwdSmem<Tr>& sm,
                                  const BwdTile& tile) {
     hptx::mbar_arrive_expect_tx(sm.bar_kv(), 2 * Tr::kKVBytes);
-    hptx::tma_load_5d(sm.k(), tm_k, sm.bar_kv(), 0, tile.key_first, 0, tile.kv_head, tile.batch);
-    hptx::tma_load_5d(sm.v(), tm_v, sm.bar_kv(), 0, tile.key_first, 0, tile.kv_head, tile.batch);
+    if constexpr (kL2Hint) {
+      const uint64_t once = hptx::l2_policy_evict_first();  // each K / V block has one reader
+      hptx::tma_load_5d_hint(sm.k(), tm_k, sm.bar_kv(), 0, tile.key_first, 0, tile.kv_head, tile.batch, once);
+      hptx::tma_load_5d_hint(sm.v(), tm_v, sm.bar_kv(), 0, tile.key_first, 0, tile.kv_head, tile.batch, once);
+    } else {
+      hptx::tma_load_5d(sm.k(), tm_k, sm.bar_kv(), 0, tile.key_first, 0, tile.kv_head, tile.batch);
+      hptx::tma_load_5d(sm.v(), tm_v, sm.bar_kv(), 0, tile.key_first, 0, tile.kv_head, tile.batch);
+    }
   }
 
   // The producer warp (warp 0): lane 0 issues K / V (unless kv_issued: the masked
@@ -160,9 +175,18 @@ struct BwdMainloop {
         hptx::mbar_wait(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
         if (lane == 0) {
           hptx::mbar_arrive_expect_tx(sm.bar_q_full(pipe.stage), 2 * Tr::kQBytes);
-          hptx::tma_load_5d(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), 0, q0 - lane, 0, head, tile.batch);
-          hptx::tma_load_5d(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), 0, q0 - lane, 0, head,
-                            tile.batch);
+          if constexpr (kL2Hint) {
+            const uint64_t shared = hptx::l2_policy_evict_last();  // every key block's CTA reads them
+            hptx::tma_load_5d_hint(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), 0, q0 - lane, 0, head,
+                                   tile.batch, shared);
+            hptx::tma_load_5d_hint(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), 0, q0 - lane, 0, head,
+                                   tile.batch, shared);
+          } else {
+            hptx::tma_load_5d(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), 0, q0 - lane, 0, head,
+                              tile.batch);
+            hptx::tma_load_5d(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), 0, q0 - lane, 0, head,
+                              tile.batch);
+          }
         }
         const uint32_t st = sm.stats(pipe.stage) + 4 * lane;
 #pragma unroll
@@ -208,7 +232,11 @@ struct BwdMainloop {
       hptx::fence_proxy_async_global();
     }
 #ifndef JAXATTN_EXP_NO_DQ_REDUCE  // timing experiment only: dQ never added
-    hptx::tma_reduce_add_5d(tm_dq, stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
+    if constexpr (kL2Hint)
+      hptx::tma_reduce_add_5d_hint(tm_dq, stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch,
+                                   hptx::l2_policy_evict_last());  // every key block's CTA adds to it
+    else
+      hptx::tma_reduce_add_5d(tm_dq, stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
 #endif
     hptx::bulk_commit();
     if (sem) {
