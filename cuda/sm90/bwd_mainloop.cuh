@@ -122,6 +122,26 @@ struct BwdMainloop {
   static constexpr bool kL2Hint = JAXATTN_EXP_BWD_L2HINT && Tr::kWide;
   using Pipe = PipeState<Tr::kStages>;
 
+  // A Q / dO / K / V tile load and the dQ reduce-add, with the L2 policy of the
+  // JAXATTN_EXP_BWD_L2HINT experiment under kL2Hint (kReused: every key block's CTA
+  // touches the data, evict_last; else one reader, evict_first), plain otherwise.
+  template <bool kReused>
+  __device__ __forceinline__ static void load_tile(uint32_t dst, const CUtensorMap* tm, uint32_t bar, int row,
+                                                   int head, int batch) {
+    if constexpr (kL2Hint)
+      hptx::tma_load_5d_hint(dst, tm, bar, 0, row, 0, head, batch,
+                             kReused ? hptx::l2_policy_evict_last() : hptx::l2_policy_evict_first());
+    else
+      hptx::tma_load_5d(dst, tm, bar, 0, row, 0, head, batch);
+  }
+  __device__ __forceinline__ static void reduce_add_tile(const CUtensorMap* tm, uint32_t src, int row, int col_chunk,
+                                                         int head, int batch) {
+    if constexpr (kL2Hint)
+      hptx::tma_reduce_add_5d_hint(tm, src, 0, row, col_chunk, head, batch, hptx::l2_policy_evict_last());
+    else
+      hptx::tma_reduce_add_5d(tm, src, 0, row, col_chunk, head, batch);
+  }
+
   // The query block of the step after (hg, m), or -1 after the last one.
   __device__ __forceinline__ static int next_step_block(const BwdTile& tile, int group, int hg, int m) {
     return m + 1 < tile.m_end ? m + 1 : (hg + 1 < group ? tile.m_begin : -1);
@@ -132,14 +152,8 @@ struct BwdMainloop {
   __device__ static void load_kv(const CUtensorMap* tm_k, const CUtensorMap* tm_v, const BwdSmem<Tr>& sm,
                                  const BwdTile& tile) {
     hptx::mbar_arrive_expect_tx(sm.bar_kv(), 2 * Tr::kKVBytes);
-    if constexpr (kL2Hint) {
-      const uint64_t once = hptx::l2_policy_evict_first();  // each K / V block has one reader
-      hptx::tma_load_5d_hint(sm.k(), tm_k, sm.bar_kv(), 0, tile.key_first, 0, tile.kv_head, tile.batch, once);
-      hptx::tma_load_5d_hint(sm.v(), tm_v, sm.bar_kv(), 0, tile.key_first, 0, tile.kv_head, tile.batch, once);
-    } else {
-      hptx::tma_load_5d(sm.k(), tm_k, sm.bar_kv(), 0, tile.key_first, 0, tile.kv_head, tile.batch);
-      hptx::tma_load_5d(sm.v(), tm_v, sm.bar_kv(), 0, tile.key_first, 0, tile.kv_head, tile.batch);
-    }
+    load_tile<false>(sm.k(), tm_k, sm.bar_kv(), tile.key_first, tile.kv_head, tile.batch);
+    load_tile<false>(sm.v(), tm_v, sm.bar_kv(), tile.key_first, tile.kv_head, tile.batch);
   }
 
   // The producer warp (warp 0): lane 0 issues K / V (unless kv_issued: the masked
@@ -175,18 +189,8 @@ struct BwdMainloop {
         hptx::mbar_wait(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
         if (lane == 0) {
           hptx::mbar_arrive_expect_tx(sm.bar_q_full(pipe.stage), 2 * Tr::kQBytes);
-          if constexpr (kL2Hint) {
-            const uint64_t shared = hptx::l2_policy_evict_last();  // every key block's CTA reads them
-            hptx::tma_load_5d_hint(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), 0, q0 - lane, 0, head,
-                                   tile.batch, shared);
-            hptx::tma_load_5d_hint(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), 0, q0 - lane, 0, head,
-                                   tile.batch, shared);
-          } else {
-            hptx::tma_load_5d(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), 0, q0 - lane, 0, head,
-                              tile.batch);
-            hptx::tma_load_5d(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), 0, q0 - lane, 0, head,
-                              tile.batch);
-          }
+          load_tile<true>(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), q0 - lane, head, tile.batch);
+          load_tile<true>(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), q0 - lane, head, tile.batch);
         }
         const uint32_t st = sm.stats(pipe.stage) + 4 * lane;
 #pragma unroll
@@ -232,11 +236,7 @@ struct BwdMainloop {
       hptx::fence_proxy_async_global();
     }
 #ifndef JAXATTN_EXP_NO_DQ_REDUCE  // timing experiment only: dQ never added
-    if constexpr (kL2Hint)
-      hptx::tma_reduce_add_5d_hint(tm_dq, stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch,
-                                   hptx::l2_policy_evict_last());  // every key block's CTA adds to it
-    else
-      hptx::tma_reduce_add_5d(tm_dq, stage, 0, q_base, wg * Tr::kDqChunks, head, tile.batch);
+    reduce_add_tile(tm_dq, stage, q_base, wg * Tr::kDqChunks, head, tile.batch);
 #endif
     hptx::bulk_commit();
     if (sem) {

@@ -242,9 +242,9 @@ struct BwdMainloopWide {
         hptx::reg_fence_array(dv);
         hptx::named_bar_sync(1, 256);
         constexpr bool kEarlySt = kSplit && JAXATTN_EXP_BWD256_EARLY_ST;
+        Pipe next = pipe;  // (kSplit: the stage of the S^T issued in this tail)
+        next.advance();
         if constexpr (kEarlySt) {
-          Pipe next = pipe;
-          next.advance();
           issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);  // (last step: throwaway)
           hptx::wgmma_wait<2>();
         } else {
@@ -261,11 +261,7 @@ struct BwdMainloopWide {
           // second half staged while it runs. (After the last step: a throwaway S^T of
           // the other stage, unwaited; its registers are dead. Issued behind a branch,
           // ptxas serialised the wgmmas: C7515.)
-          if constexpr (!kEarlySt) {
-            Pipe next = pipe;
-            next.advance();
-            issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);
-          }
+          if constexpr (!kEarlySt) issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);
           hptx::wgmma_wait<1>();
           hptx::reg_fence_array(dq_b);
           store_acc_f32_sw128<kDqCols, kSplit>(dq_b, dq_stage + (kDqCols / 32) * kBlockM * 128, kBlockM * 128,
