@@ -29,14 +29,6 @@
 #include "sm90/smem_rows.cuh"
 #include "sm90/tile_mask.cuh"
 
-// Experiment switch (session 27, not yet run): L2 eviction priorities on the backward's
-// bulk copies: Q / dO loads and the dQ reduce-add evict_last (every key block's CTA
-// touches them), K / V loads evict_first (one reader). Head dim 256 only (at 128 the
-// policy registers made the 24-register dQ warp spill).
-#ifndef JAXATTN_EXP_BWD_L2HINT
-#define JAXATTN_EXP_BWD_L2HINT 0
-#endif
-
 namespace jaxattn::sm90 {
 
 // The mask of one consumer thread's S^T accumulators in a masked backward (no-ops
@@ -119,12 +111,18 @@ struct BwdMainloop {
   static constexpr int kPRegs = kBlockM / 4;    // P^T / dS^T as packed 16-bit pairs
   static constexpr int kAccRegs = Tr::kAccRegs;  // dK / dV accumulator floats (64 keys x H)
   static constexpr int kDqRegs = Tr::kDqCols / 2;
-  static constexpr bool kL2Hint = JAXATTN_EXP_BWD_L2HINT && Tr::kWide;
+  // L2 eviction priorities on the bulk copies (kL2Hint, head dim 256): Q / dO loads
+  // and the dQ reduce-add evict_last (every key block's CTA of the head revisits
+  // them: at T=16K a head's Q + dO + dQ accumulator is 48 MB against the 50 MB L2),
+  // K / V loads evict_first (one reader). H200, session 28 run 1, standalone H=256
+  // backward: non-causal +0 / +0.5 / +1-4% (T = 1K / 4K / 16K), causal +1.5 / +2 / +2%.
+  // Not at 128: the policy registers made the 24-register dQ warp spill.
+  static constexpr bool kL2Hint = Tr::kWide;
   using Pipe = PipeState<Tr::kStages>;
 
-  // A Q / dO / K / V tile load and the dQ reduce-add, with the L2 policy of the
-  // JAXATTN_EXP_BWD_L2HINT experiment under kL2Hint (kReused: every key block's CTA
-  // touches the data, evict_last; else one reader, evict_first), plain otherwise.
+  // A Q / dO / K / V tile load and the dQ reduce-add, with an L2 policy under kL2Hint
+  // (kReused: every key block's CTA touches the data, evict_last; else one reader,
+  // evict_first), plain otherwise.
   template <bool kReused>
   __device__ __forceinline__ static void load_tile(uint32_t dst, const CUtensorMap* tm, uint32_t bar, int row,
                                                    int head, int batch) {

@@ -39,11 +39,14 @@
 #define JAXATTN_EXP_BWD256_EARLY_DV 0
 #endif
 
-// Experiment switch (session 27, not yet run): in the split kernels, the next step's S^T
-// issued right after the dV / dK barrier, before either dQ half is staged (its wgmmas
-// queue behind the dQ halves; live then: dK, dV, both dQ halves and S^T, ~208 of 240).
+// The next step's S^T issued right after the dV / dK barrier, before either dQ half
+// is staged (its wgmmas queue behind the dQ halves; live then: dK, dV, both dQ halves
+// and S^T, ~208 of 240; no spills). 1: non-causal split kernels (default), 2: causal
+// too, 0: never. H200, session 28 run 1, standalone H=256 backward, against S^T issued
+// between the two halves' staging: non-causal -1.5 / 0 / +4.5% (T = 1K / 4K / 16K),
+// causal -1 / -0.7 / 0%.
 #ifndef JAXATTN_EXP_BWD256_EARLY_ST
-#define JAXATTN_EXP_BWD256_EARLY_ST 0
+#define JAXATTN_EXP_BWD256_EARLY_ST 1
 #endif
 
 namespace jaxattn::sm90 {
@@ -241,7 +244,7 @@ struct BwdMainloopWide {
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
         hptx::named_bar_sync(1, 256);
-        constexpr bool kEarlySt = kSplit && JAXATTN_EXP_BWD256_EARLY_ST;
+        constexpr bool kEarlySt = kSplit && (JAXATTN_EXP_BWD256_EARLY_ST == 2 || (JAXATTN_EXP_BWD256_EARLY_ST == 1 && !kCausal));
         Pipe next = pipe;  // (kSplit: the stage of the S^T issued in this tail)
         next.advance();
         if constexpr (kEarlySt) {
