@@ -15,9 +15,10 @@
 //      stage goes back to the producer when that reduce has read it: checked at
 //      the next step, after its first wgmmas are issued.
 // Unmasked (Tr::kWideSplitDq): dQ is two 64-column halves, staged without bank
-// conflicts, and the next step's S^T is issued between the two halves' staging, so
-// the step after begins with S^T done and its P^T runs under dP^T (+10-13% non-causal,
-// +0-1% causal on the H=256 backward).
+// conflicts, and the next step's S^T is issued between the two halves' staging
+// (non-causal: before both, JAXATTN_EXP_BWD256_EARLY_ST), so the step after begins with
+// S^T done and its P^T runs under dP^T (+10-13% non-causal, +0-1% causal on the H=256
+// backward).
 #pragma once
 
 #include <cuda.h>
