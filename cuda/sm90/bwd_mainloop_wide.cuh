@@ -33,13 +33,6 @@
 #include "sm90/fwd_smem.cuh"  // PipeState
 #include "sm90/smem_rows.cuh"
 
-// Experiment switch (session 27, not yet run): in the split kernels, dV issued as soon as
-// both warpgroups' P^T columns are in (one more barrier a step), so it runs under the
-// dS^T phase instead of after it.
-#ifndef JAXATTN_EXP_BWD256_EARLY_DV
-#define JAXATTN_EXP_BWD256_EARLY_DV 0
-#endif
-
 // The next step's S^T issued right after the dV / dK barrier, before either dQ half
 // is staged (its wgmmas queue behind the dQ halves; live then: dK, dV, both dQ halves
 // and S^T, ~208 of 240; no spills). 1: non-causal split kernels (default), 2: causal
@@ -209,17 +202,9 @@ struct BwdMainloopWide {
         // of the add behind; the producer refills the stage during dS^T and dV / dK / dQ.)
         if constexpr (kSplit) free_stage(sm, tid, pending_stage);
 
-        constexpr bool kEarlyDv = kSplit && JAXATTN_EXP_BWD256_EARLY_DV;
-        if constexpr (kEarlyDv) {
-          hptx::fence_proxy_async_smem();
-          hptx::named_bar_sync(1, 256);  // both warpgroups' P^T columns are in
-          hptx::wgmma_fence();
-          issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
-          hptx::wgmma_commit();
-          hptx::wgmma_wait<1>();  // dP^T (dV runs on)
-        } else {
-          hptx::wgmma_wait<0>();
-        }
+        // (dV issued here, under dS^T, behind one more barrier of both warpgroups:
+        // -3 to -8% non-causal, +0-1% causal, session 28 run 1.)
+        hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dp);
         Base::template dscores<kQCols>(dp, s, dps_c);
         mask.chain_grads(dp);
@@ -230,7 +215,7 @@ struct BwdMainloopWide {
         hptx::named_bar_sync(1, 256);  // both warpgroups' P^T / dS^T columns are in
 
         hptx::wgmma_fence();
-        if constexpr (!kEarlyDv) issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
+        issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
         issue_kv<kAdd>(dk, sm.ds(buf), q_tile, wg);
         hptx::wgmma_commit();
         issue_dq<kAdd, kDqCols>(dq, sm.ds(buf), sm.k(), wg, 0);
