@@ -29,15 +29,6 @@
 #include "sm90/smem_rows.cuh"
 #include "sm90/tile_mask.cuh"
 
-// Experiment switch (session 28, not yet run): in the non-pingpong unmasked kernels
-// at head dim 64 (causal; the split-hd variant non-causal), the next step's S^T issued
-// once the dQ tile is staged, while dK runs, so the step after begins with S^T done
-// and its P^T under dP^T (the H=256 split's pattern). (At 128 ptxas serialised the
-// wgmmas, C7512: dK, dV, dS^T and S^T live at once.)
-#ifndef JAXATTN_EXP_BWD_NEXT_ST
-#define JAXATTN_EXP_BWD_NEXT_ST 0
-#endif
-
 namespace jaxattn::sm90 {
 
 // The mask of one consumer thread's S^T accumulators in a masked backward (no-ops
@@ -505,17 +496,6 @@ struct BwdMainloop {
     // turn after its last burst (nobody would take it).
     const int n_steps = tile.steps(args.group);
     if (wg == 1 && n_steps > 0) pass_turn(wg);
-    // kNextSt: each step's S^T is issued at the end of the step before (the first
-    // step's here) and done when the step begins.
-    constexpr bool kNextSt = JAXATTN_EXP_BWD_NEXT_ST && kHeadDim == 64 && !Tr::kPingpong && !kMasked;
-    if (kNextSt && n_steps > 0) {
-      hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
-      hptx::wgmma_fence();
-      issue_s_tile<kAdd, kKvRegs>(s, k_frag, k_rows, sm.q(pipe.stage));
-      hptx::wgmma_commit();
-      hptx::wgmma_wait<0>();
-      hptx::reg_fence_array(s);
-    }
     int step = 0;
     int prev_head = 0, prev_q_base = 0;  // (kSkewDq) the step whose dQ is issued next
     for (int hg = 0; hg < args.group; ++hg) {
@@ -528,10 +508,8 @@ struct BwdMainloop {
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
         take_turn(wg);
         hptx::wgmma_fence();
-        if constexpr (!kNextSt) {
-          issue_s_tile<kAdd, kKvRegs>(s, k_frag, k_rows, q_tile);
-          hptx::wgmma_commit();
-        }
+        issue_s_tile<kAdd, kKvRegs>(s, k_frag, k_rows, q_tile);
+        hptx::wgmma_commit();
         issue_s_tile<kAdd, kKvRegs>(dp, v_frag, v_rows, do_tile);
         hptx::wgmma_commit();
         pass_turn(wg);
@@ -612,28 +590,14 @@ struct BwdMainloop {
           stage_dq(dq, tm_dq, sm, tile, args, head, q_base, wg, tid, step, dq_view);
         }
 
-        if constexpr (kNextSt) {
-          // The next step's S^T behind dK (after the last step: a throwaway of the
-          // other stage, unwaited for; issued behind a branch, ptxas serialised the
-          // wgmmas at head dim 256: C7515).
-          Pipe next = pipe;
-          next.advance();
-          if (step + 1 < n_steps) hptx::mbar_wait(sm.bar_q_full(next.stage), next.phase);
-          hptx::wgmma_fence();
-          issue_s_tile<kAdd, kKvRegs>(s, k_frag, k_rows, sm.q(next.stage));
-          hptx::wgmma_commit();
-          hptx::wgmma_wait<1>();
-        } else {
-          hptx::wgmma_wait<0>();
-        }
+        // (The next step's S^T issued here, behind dK, at head dim 64: -1% causal, +6%
+        // on the split-hd variant non-causal, still 4% behind the pingpong; at 128
+        // ptxas serialised the wgmmas. Session 28 run 3.)
+        hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
         hptx::reg_fence_array(ds);  // dK's A operand
         release(sm.bar_q_empty(pipe.stage), lane);
-        if constexpr (kNextSt) {
-          hptx::wgmma_wait<0>();
-          hptx::reg_fence_array(s);
-        }
         pipe.advance();
         ds_buf ^= 1;
       }
