@@ -38,7 +38,8 @@
 // and S^T, ~208 of 240; no spills). 1: non-causal split kernels (default), 2: causal
 // too, 0: never. H200, session 28 run 1, standalone H=256 backward, against S^T issued
 // between the two halves' staging: non-causal -1.5 / 0 / +4.5% (T = 1K / 4K / 16K),
-// causal -1 / -0.7 / 0%.
+// causal -1 / -0.7 / 0%; run 2, with the L2 hints: non-causal -3..-5 / 0 / +4.5%,
+// causal -2 / -4 / -4% (so 1).
 #ifndef JAXATTN_EXP_BWD256_EARLY_ST
 #define JAXATTN_EXP_BWD256_EARLY_ST 1
 #endif
