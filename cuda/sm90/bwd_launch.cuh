@@ -49,7 +49,7 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
   map16(&kp.tm_dk, p.dk, S, K, p.k_batch_stride, p.k_row_stride, p.k_head_stride, 64, 1);
   map16(&kp.tm_dv, p.dv, S, K, p.v_batch_stride, p.v_row_stride, p.v_head_stride, 64, 1);
   if (e == cudaSuccess)
-    e = make_tmap_bshd_f32(&kp.tm_dq, p.dq_accum, p.batch, T, N, kHeadDim, Tr::kBlockM, Tr::kDqBoxChunks);
+    e = make_tmap_bshd_f32(&kp.tm_dq, p.dq_accum, p.batch, T, N, kHeadDim, Tr::kBlockM, Tr::kDqChunks);
   if (e != cudaSuccess) return {e, "flash_bwd_sm90 (cuTensorMapEncodeTiled)"};
 
   kp.args.lse = p.lse;

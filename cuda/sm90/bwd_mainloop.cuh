@@ -222,11 +222,8 @@ struct BwdMainloop {
   // above it that visit this query block (two warpgroup adds each, to different
   // columns; dq_adds_first, view: the CTA's MaskView, else null, or `adds_first` when
   // the caller counted them, >= 0) and waits for its own add to land before counting it.
-  // (Tr::kDqOwnHalves: the staging is two pieces, the second at `stage_hi`, two
-  // reduce-adds in one bulk group.)
   __device__ static void add_dq(const CUtensorMap* tm_dq, uint32_t stage, const BwdTile& tile, const BwdArgs& args,
-                                int head, int q_base, int wg, const MaskView* view, int adds_first = -1,
-                                uint32_t stage_hi = 0) {
+                                int head, int q_base, int wg, const MaskView* view, int adds_first = -1) {
     const int sem_blocks = (args.seqlen_q + kDqSemaphoreRows - 1) / kDqSemaphoreRows;
     int32_t* sem = args.dq_semaphore ? args.dq_semaphore + ((int64_t)tile.batch * args.num_heads + head) * sem_blocks +
                                            q_base / kDqSemaphoreRows
@@ -238,8 +235,6 @@ struct BwdMainloop {
     }
 #ifndef JAXATTN_EXP_NO_DQ_REDUCE  // timing experiment only: dQ never added
     reduce_add_tile(tm_dq, stage, q_base, wg * Tr::kDqChunks, head, tile.batch);
-    if constexpr (Tr::kDqOwnHalves)
-      reduce_add_tile(tm_dq, stage_hi, q_base, wg * Tr::kDqChunks + Tr::kDqBoxChunks, head, tile.batch);
 #endif
     hptx::bulk_commit();
     if (sem) {

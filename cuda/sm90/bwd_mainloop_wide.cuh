@@ -230,10 +230,7 @@ struct BwdMainloopWide {
         hptx::wgmma_wait<kSplit ? 2 : 1>();
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
-        // kOwnHalves: this warpgroup's dQ goes where only its own dV / dK read (its
-        // head-dim half of Q, then of dO), so the other's products need not be done.
-        constexpr bool kOwnHalves = kSplit && Tr::kDqOwnHalves;
-        if constexpr (!kOwnHalves) hptx::named_bar_sync(1, 256);
+        hptx::named_bar_sync(1, 256);
         constexpr bool kEarlySt = kSplit && (JAXATTN_EXP_BWD256_EARLY_ST == 2 || (JAXATTN_EXP_BWD256_EARLY_ST == 1 && !kCausal));
         Pipe next = pipe;  // (kSplit: the stage of the S^T issued in this tail)
         next.advance();
@@ -244,9 +241,7 @@ struct BwdMainloopWide {
           hptx::wgmma_wait<kSplit ? 1 : 0>();
         }
         hptx::reg_fence_array(dq);
-        const uint32_t dq_stage = kOwnHalves ? q_tile + wg * 2 * kChunkBytes : (wg == 0 ? q_tile : do_tile);
-        const uint32_t dq_stage_hi =
-            kOwnHalves ? do_tile + wg * 2 * kChunkBytes : dq_stage + Tr::kDqChunks / 2 * kBlockM * 128;
+        const uint32_t dq_stage = wg == 0 ? q_tile : do_tile;
         // (kSplit: the stores without bank conflicts, kSpread: +0.5-3% non-causal and
         // what made the split pay causal, session 27 run 3; the masked kernels keep the
         // plain store, -0..-3% with the spread at H=256 causal unsplit, session 14.)
@@ -259,14 +254,15 @@ struct BwdMainloopWide {
           if constexpr (!kEarlySt) issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);
           hptx::wgmma_wait<1>();
           hptx::reg_fence_array(dq_b);
-          store_acc_f32_sw128<kDqCols, kSplit>(dq_b, dq_stage_hi, kBlockM * 128, warp * 16 + g, t);
+          store_acc_f32_sw128<kDqCols, kSplit>(dq_b, dq_stage + (kDqCols / 32) * kBlockM * 128, kBlockM * 128,
+                                       warp * 16 + g, t);
           hptx::wgmma_wait<0>();
           hptx::reg_fence_array(s);
         }
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
         // (deterministic mode: one add per warpgroup per key block, disjoint columns)
-        if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg, dq_view, -1, dq_stage_hi);
+        if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg, dq_view);
         pending_stage = pipe.stage;
         pipe.advance();
         buf ^= 1;

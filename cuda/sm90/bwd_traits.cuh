@@ -32,15 +32,6 @@
 
 #include "common/params.h"
 
-// Experiment switch (session 28, not yet run): in the split wide kernels (head dim 256,
-// unmasked) warpgroup w stages its dQ halves in its own halves of the step's Q and dO
-// tiles (the only parts of them its dV / dK read), so the barrier of both warpgroups
-// before the staging goes; the dQ tensor map's box becomes 2 chunks and each add is two
-// reduce-adds (BwdMainloop::add_dq).
-#ifndef JAXATTN_EXP_BWD256_OWN_HALVES
-#define JAXATTN_EXP_BWD256_OWN_HALVES 0
-#endif
-
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -111,10 +102,6 @@ struct BwdTraits {
   static constexpr int kKvCols = kWide ? kHeadDim / 2 : kHeadDim;        // dK / dV columns per warpgroup
   static constexpr int kAccRegs = kKvCols / 2;                           // dK / dV floats per thread
   static constexpr int kDqChunks = kDqCols / 32;       // f32 chunks of them
-  // The dQ tensor map's box, in chunks: a warpgroup's whole staging in one reduce-add,
-  // or (JAXATTN_EXP_BWD256_OWN_HALVES) half of it, two adds per staging.
-  static constexpr bool kDqOwnHalves = kWide && JAXATTN_EXP_BWD256_OWN_HALVES;
-  static constexpr int kDqBoxChunks = kDqOwnHalves ? kDqChunks / 2 : kDqChunks;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
