@@ -90,6 +90,12 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=None,
                    help="decode calls per jitted step (a model's layers), each with its own query; "
                         "default 8 on GPUs, 1 on the CPU")
+    p.add_argument("--caches", type=int, default=0,
+                   help="caches the layers cycle through; 0: as many as make >= 1 GiB (each layer then "
+                        "reads a cache no recent call read; 1: every layer reads one cache, whose "
+                        "address translations stay warm)")
+    p.add_argument("--impls", default="",
+                   help="comma-separated names of the columns to run (default: all)")
     p.add_argument("--out", default="results/decode")
     return p.parse_args(argv)
 
@@ -228,6 +234,12 @@ def main(argv=None):
         q, kc, vc, key_value_seq_lengths=L, implementation="xla")
     impls["xla paged"] = lambda q, kp, vp, kc, vc, L, t: jax.nn.dot_product_attention(
         q, gather_pages(kp, t), gather_pages(vp, t), key_value_seq_lengths=L, implementation="xla")
+    if args.impls:
+        wanted = [w.strip() for w in args.impls.split(",") if w.strip()]
+        unknown = [w for w in wanted if w not in impls]
+        if unknown:
+            raise SystemExit(f"--impls: unknown {unknown}; known: {list(impls)}")
+        impls = {name: impls[name] for name in wanted}
     start = time.perf_counter()
     rows = []
     for B in batches:
@@ -243,7 +255,7 @@ def main(argv=None):
             # make >= 1 GiB of keys and values, so no layer reads its cache from L2).
             qs = list(jax.random.normal(k1, (layers, B, T, N, H), dtype))
             cache_bytes = 2 * B * pages * ps * K * H * dtype.itemsize
-            ncache = max(1, min(layers, -(-(1 << 30) // cache_bytes)))
+            ncache = args.caches or max(1, min(layers, -(-(1 << 30) // cache_bytes)))
             # The same keys as a paged cache, pages shuffled (one table for all caches).
             perm = jax.random.permutation(k4, B * pages).astype(jnp.int32)
             table = perm.reshape(B, pages)
