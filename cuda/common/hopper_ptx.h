@@ -338,11 +338,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
-// Bulk prefetch of `bytes` (a multiple of 16, 16-byte aligned) of global memory into
-// L2 through the TMA unit (no shared memory, no completion): decode's page touches.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
 // Orders this thread's async-proxy (TMA) global accesses with its generic-proxy ones.
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");

@@ -498,34 +498,12 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
     // cache's end read as zero; rows of a tile outside [lo_keys, j_end) hold other
     // keys (or never-written cache rows), so the warp zeroes their V rows first.
     const uint32_t ring_base = ptx::smem_addr(ring), empty_bar = full_bar + 8 * kStages;
-    // Page touches (paged caches; experiments, issue 9 session 29): a 256-byte bulk L2
-    // prefetch of this head's first K and V row of a page, so the page's address
-    // translation is done before its tile's TMA boxes are issued. plan.touch: every
-    // page of the chunk at the start (lanes 1-31 of the producer warp, while lane 0
-    // issues the first tiles); plan.prefetch = D > 0: lane 0 touches the page of tile
-    // t + D as it issues tile t.
-    const Elem* const k_head = static_cast<const Elem*>(p.k) + kh * p.k_head_stride;
-    const Elem* const v_head = static_cast<const Elem*>(p.v) + kh * p.v_head_stride;
-    auto touch_page = [&](int page_id) {
-      hptx::bulk_prefetch_l2(k_head + page_id * p.k_batch_stride, H * 2);
-      hptx::bulk_prefetch_l2(v_head + page_id * p.v_batch_stride, H * 2);
-    };
-    const int touch_ahead = paged ? plan.prefetch : 0;
     if (warp == L::kWarps) {
-      if (lane > 0 && paged && plan.touch) {
-        for (int t = lane - 1; t < npages; t += 31) touch_page(pages_s[t]);
-      }
       if (lane == 0 && num_tiles > 0) {
         hptx::prefetch_tmap(&tma.k);
         hptx::prefetch_tmap(&tma.v);
         for (int tile = 0; tile < num_tiles; ++tile) {
           const int stage = tile % kStages, jt = j_begin + tile * kBlockN;
-          if (touch_ahead > 0) {  // (first the pages of tiles 0 .. D - 1, then one ahead per tile)
-            for (int a = tile == 0 ? 0 : touch_ahead; a <= touch_ahead; ++a) {
-              const int ta = tile + a;
-              if (ta < num_tiles) touch_page(pages_s[(j_begin + ta * kBlockN) / ps - page0]);
-            }
-          }
           if (tile >= kStages) hptx::mbar_wait(empty_bar + 8 * stage, ((tile / kStages) - 1) & 1);
           int row = jt, batch = b;
           if (paged) {

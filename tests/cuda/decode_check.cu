@@ -43,7 +43,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -145,8 +144,7 @@ static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int nu
 // every loader bit (hoist, touch, 8 tiles of L2 prefetch), 6 = kV2Short,
 // 7 = kV2Short without the cluster merge, 8 = kV2ShortLong, 9 = kV2Short with
 // programmatic dependent launch (kV2Pdl), 10 = kV2Short with the lean loader
-// (kV2Lean), 11 = the default without the drift loop (the cp.async loop at H=128),
-// 12 = the default with the drift loop's page touches (kV2Touch + touch-ahead 4).
+// (kV2Lean), 11 = the default without the drift loop (the cp.async loop at H=128).
 // The default (kV2Default) is kV2Short | kV2Lean | kV2Pdl | kV2Drift.
 constexpr int kShortNoCluster = jc::kV2Short & ~jc::kV2Cluster;
 static const char* kernel_name(int kernel) {
@@ -161,7 +159,6 @@ static const char* kernel_name(int kernel) {
     case 9: return "v2pdl";
     case 10: return "v2lean";
     case 11: return "v2cpas";
-    case 12: return "v2touch";
     default: return "v2";
   }
 }
@@ -179,8 +176,6 @@ static jaxattn::cuda::LaunchStatus run_kernel(const AttnParams& p, int kernel, i
     case 9: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short | jc::kV2Pdl);
     case 10: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short | jc::kV2Lean);
     case 11: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant & ~jc::kV2Drift);
-    case 12:  // the drift loop's page touches (both kinds; --tlb)
-      return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant | jc::kV2Touch | (4 << jc::kV2PrefetchShift));
     default: return jc::decode_fwd(p, nullptr, 2, chunk);
   }
 }
@@ -331,20 +326,17 @@ static double read_bandwidth() {
 // kernels round robin, so clock / thermal drift lands on all of them alike
 // (timed one after the other, the same variant read up to 11 points of
 // bandwidth apart in one run, session 6).
-// `cycle` (optional): calls rotate over these parameter sets (copies of one row's cache
-// in separate buffers, as a model's layers each read their own), else every call is `params`.
 struct CallTimer {
-  std::vector<const AttnParams*> ps;
+  const AttnParams* p;
   int kernel, variant, chunk, reps;
   std::vector<double> gbs;
 
-  CallTimer(const AttnParams& params, int kern, int var, int ch = 0, std::vector<const AttnParams*> cycle = {})
-      : ps(cycle.empty() ? std::vector<const AttnParams*>{&params} : cycle), kernel(kern), variant(var), chunk(ch) {
+  CallTimer(const AttnParams& params, int kern, int var, int ch = 0) : p(&params), kernel(kern), variant(var), chunk(ch) {
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
     CUDA_CHECK(cudaEventRecord(e0));
-    for (int w = 0; w < 3; ++w) check_launch(run_kernel(*ps[w % ps.size()], kernel, chunk, variant));
+    for (int w = 0; w < 3; ++w) check_launch(run_kernel(*p, kernel, chunk, variant));
     CUDA_CHECK(cudaEventRecord(e1));
     CUDA_CHECK(cudaEventSynchronize(e1));
     float ms = 0.f;
@@ -358,7 +350,7 @@ struct CallTimer {
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
     CUDA_CHECK(cudaEventRecord(e0));
-    for (int r = 0; r < reps; ++r) check_launch(run_kernel(*ps[r % ps.size()], kernel, chunk, variant));
+    for (int r = 0; r < reps; ++r) check_launch(run_kernel(*p, kernel, chunk, variant));
     CUDA_CHECK(cudaEventRecord(e1));
     CUDA_CHECK(cudaEventSynchronize(e1));
     float ms = 0.f;
@@ -478,7 +470,7 @@ static void bench(double peak) {
       std::printf("| %d | %d |", B, L);
       for (int i = 0; i < kCols; ++i) {
         r.g[i] = timers[i].median();
-        std::printf(" %.0f (%.0f%%) [%s] |", r.g[i], pct(r.g[i]), plan_str(*timers[i].ps[0], cols[i].variant, 0).c_str());
+        std::printf(" %.0f (%.0f%%) [%s] |", r.g[i], pct(r.g[i]), plan_str(*timers[i].p, cols[i].variant, 0).c_str());
       }
       std::printf(" %.2fx |\n", r.g[0] / r.g[kCols - 1]);
       rows.push_back(r);
@@ -511,47 +503,6 @@ static void bench(double peak) {
   for (const Row& r : rows)
     std::printf("| %d | %d | %.0f%% | %.0f%% | %.2fx | %.0f%% |\n", r.B, r.L, pct(r.g[0]), pct(r.g[kCols - 1]),
                 r.g[0] / r.g[kCols - 1], pct(r.g[6]));  // (6: "default contig")
-}
-
-// --tlb: the default variant and its page-touch variants (kV2Touch: every page of the
-// chunk touched at the start; prefetch D: the page of tile t + D touched with tile t;
-// the drift loop's bulk L2 prefetches of one K and V row) on one cache read over and
-// over (what --row times: its address translations stay warm) and on `kCycle` copies
-// of it in separate buffers, a call each in turn (as decode.py's layers cycle through
-// >= 1 GiB of caches, and a model's layers each read their own), round robin.
-static void tlb_bench(double peak) {
-  constexpr int kCycle = 4;
-  const int def = jc::kDecodeV2DefaultVariant;
-  struct Col { const char* name; int variant; };
-  const Col cols[] = {{"default", def},
-                      {"touch all", def | jc::kV2Touch},
-                      {"touch +2", def | (2 << jc::kV2PrefetchShift)},
-                      {"touch +4", def | (4 << jc::kV2PrefetchShift)},
-                      {"touch +8", def | (8 << jc::kV2PrefetchShift)}};
-  std::printf("\n== page touches, paged (page 64, shuffled), N=32 K=8 H=128 bf16 Tq=1, %% of read bandwidth %.0f "
-              "GB/s: one cache (1c) / %d caches in turn (%dc)\n| B | L |", peak / 1e9, kCycle, kCycle);
-  for (const Col& c : cols) std::printf(" %s 1c | %s %dc |", c.name, c.name, kCycle);
-  std::printf("\n|---|---|");
-  for (const Col& c : cols) std::printf("---|---|"), (void)c;
-  std::printf("\n");
-  const int rows[][2] = {{16, 4096}, {64, 4096}, {16, 16384}};
-  for (const auto& row : rows) {
-    std::vector<std::unique_ptr<BenchRow>> brs;
-    std::vector<const AttnParams*> cyc;
-    for (int i = 0; i < kCycle; ++i) {
-      brs.push_back(std::make_unique<BenchRow>(row[0], row[1]));
-      cyc.push_back(&brs.back()->call.p);
-    }
-    std::vector<CallTimer> timers;
-    for (const Col& c : cols) {
-      timers.emplace_back(*cyc[0], 0, c.variant);
-      timers.emplace_back(*cyc[0], 0, c.variant, 0, cyc);
-    }
-    time_round_robin(timers, brs[0]->bytes);
-    std::printf("| %d | %d |", row[0], row[1]);
-    for (CallTimer& t : timers) std::printf(" %.1f%% |", 100 * t.median() * 1e9 / peak);
-    std::printf("\n");
-  }
 }
 
 #ifdef JAXATTN_DECODE_TIMELINE
@@ -720,10 +671,6 @@ int main(int argc, char** argv) {
       return 0;
     }
 #endif
-    if (!std::strcmp(argv[i], "--tlb")) {
-      tlb_bench(read_bandwidth());
-      return 0;
-    }
     if (!std::strcmp(argv[i], "--row")) {
       if (i + 2 < argc) g_only_B = std::atoi(argv[i + 1]), g_only_L = std::atoi(argv[i + 2]);
       const bool known = (g_only_B == 16 || g_only_B == 32 || g_only_B == 64) &&
@@ -790,10 +737,8 @@ int main(int argc, char** argv) {
     std::printf("== check against float64 (max abs error of o, of lse)\n");
     uint64_t seed = 1;
     for (const DecodeCase& c : cases) {
-      for (int kernel : {1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12}) {
-        if (fast && kernel != 3 && kernel != 6 && kernel != 8 && kernel != 9 && kernel != 10 && kernel != 11 &&
-            kernel != 12)
-          continue;
+      for (int kernel : {1, 2, 3, 5, 6, 7, 8, 9, 10, 11}) {
+        if (fast && kernel != 3 && kernel != 6 && kernel != 8 && kernel != 9 && kernel != 10 && kernel != 11) continue;
         double lse_err = 0.0;
         const double err = check_case(c, kernel, seed, &lse_err);
         const double tol = c.bf16 ? 2e-2 : 4e-3;
@@ -805,7 +750,7 @@ int main(int argc, char** argv) {
       ++seed;
     }
     std::printf("%s: %d of %zu case-versions failed\n", failures ? "SOME FAILED" : "ALL OK", failures,
-                (fast ? 7 : 11) * cases.size());
+                (fast ? 6 : 10) * cases.size());
   }
   if (do_bench) {
     const double peak = read_bandwidth();
