@@ -563,16 +563,6 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
           ptx::ldmatrix_x4_trans(v_frag[jp], st + L::kTmaTileBytes + (jp / 4) * L::kTmaChunkBytes + v_sw +
                                                  ((((jp % 4) * 2) ^ y_v) << 4));
         }
-#if defined(JAXATTN_EXP_DECODE_EARLY_RELEASE) && defined(JAXATTN_EXP_DECODE_NO_MATH)
-#error "JAXATTN_EXP_DECODE_EARLY_RELEASE releases inside the math: not with the NO_MATH probe"
-#endif
-#ifdef JAXATTN_EXP_DECODE_EARLY_RELEASE
-        // (Experiment, session 29: the stage goes back to the producer as soon as the
-        // warp's K and V fragments are in registers, before the softmax and P V; the
-        // arrive's release orders the ldmatrix reads before the refill.)
-        __syncwarp();
-        if (lane == 0) hptx::mbar_arrive(empty_bar + 8 * stage);
-#endif
 #include "decode/decode_softmax_tile.inc"
 #pragma unroll
         for (int jp = 0; jp < H / 16; ++jp) {
@@ -582,10 +572,8 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
 #else
         (void)jw;
 #endif
-#ifndef JAXATTN_EXP_DECODE_EARLY_RELEASE
         __syncwarp();  // every lane's reads of the stage are done (their results used above)
         if (lane == 0) hptx::mbar_arrive(empty_bar + 8 * stage);
-#endif
       }
     }
 #else
