@@ -16,6 +16,7 @@
 #include "common/ptx.h"
 #include "sm90/bwd_epilogue.cuh"
 #include "sm90/bwd_mainloop.cuh"
+#include "sm90/bwd_mainloop_rows.cuh"
 #include "sm90/bwd_mainloop_wide.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/tile_mask.cuh"
@@ -123,6 +124,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
   const BwdSmem<Tr> sm{(ptx::smem_addr(smem_raw) + 1023u) & ~1023u};
   const BwdArgs& args = params.args;
   static_assert(!kDoc || (kMasked && !Tr::kWide && Tr::kBlockN == cuda::kDocTileRows), "document tiles");
+  static_assert(!Tr::kRows || !kMasked, "row steps: unmasked calls only");
   BwdTile tile;
   bool doc = false;
   int2 doc_rows = make_int2(0, 0);
@@ -198,6 +200,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     if constexpr (Tr::kWide)
       BwdMainloopWide<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
                                                               &mask_view, dq_view);
+    else if constexpr (Tr::kRows)
+      BwdMainloopRows<Tr>::template consume<kCausal>(dk, dv, sm, tile, args, wg, tid);
     else
       BwdMainloop<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
                                                           &mask_view, dq_view);

@@ -49,7 +49,7 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
   map16(&kp.tm_dk, p.dk, S, K, p.k_batch_stride, p.k_row_stride, p.k_head_stride, 64, 1);
   map16(&kp.tm_dv, p.dv, S, K, p.v_batch_stride, p.v_row_stride, p.v_head_stride, 64, 1);
   if (e == cudaSuccess)
-    e = make_tmap_bshd_f32(&kp.tm_dq, p.dq_accum, p.batch, T, N, kHeadDim, Tr::kBlockM, Tr::kDqChunks);
+    e = make_tmap_bshd_f32(&kp.tm_dq, p.dq_accum, p.batch, T, N, kHeadDim, Tr::kDqRows, Tr::kDqChunks);
   if (e != cudaSuccess) return {e, "flash_bwd_sm90 (cuTensorMapEncodeTiled)"};
 
   kp.args.lse = p.lse;
@@ -71,11 +71,19 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
   // one on the grid of document tiles (packed documents, T == S; not the wide tiles,
   // whose 64 keys are not the documents' 128-row tiles; never deterministic: the
   // ordered dQ adds go by key block).
-  const bool doc_tiles = !Tr::kWide && p.has_masks() && !p.deterministic && doc_tiles_apply(p, Tr::kBlockN);
-  void (*kernel)(const BwdParams) = doc_tiles      ? flash_bwd_sm90_kernel<Tr, false, true, !Tr::kWide>
-                                    : p.has_masks() ? flash_bwd_sm90_kernel<Tr, false, true>
-                                    : p.is_causal   ? flash_bwd_sm90_kernel<Tr, true>
-                                                    : flash_bwd_sm90_kernel<Tr, false>;
+  // (Row steps, Tr::kRows: unmasked only; run_bwd sends masked calls elsewhere.)
+  const bool doc_tiles =
+      !Tr::kWide && !Tr::kRows && p.has_masks() && !p.deterministic && doc_tiles_apply(p, Tr::kBlockN);
+  void (*kernel)(const BwdParams) = nullptr;
+  if constexpr (Tr::kRows) {
+    if (p.has_masks() || p.deterministic) return {cudaErrorInvalidValue, "flash_bwd_sm90 (row steps: unmasked only)"};
+    kernel = p.is_causal ? flash_bwd_sm90_kernel<Tr, true> : flash_bwd_sm90_kernel<Tr, false>;
+  } else {
+    kernel = doc_tiles       ? flash_bwd_sm90_kernel<Tr, false, true, !Tr::kWide>
+             : p.has_masks() ? flash_bwd_sm90_kernel<Tr, false, true>
+             : p.is_causal   ? flash_bwd_sm90_kernel<Tr, true>
+                             : flash_bwd_sm90_kernel<Tr, false>;
+  }
   if (!doc_tiles) kp.args.attn.doc_tiles = nullptr;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (e != cudaSuccess) return {e, name};
@@ -97,6 +105,13 @@ template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant variant) {
   if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim, p.is_causal && !p.has_masks());
   if constexpr (kHeadDim == 64) {
+#ifdef JAXATTN_EXP_BWD64_ROWS
+    // (Experiment: 128-query steps; unmasked, non-deterministic calls. Others take the pingpong.)
+    if (variant == BwdVariant::kRows) {
+      if (!p.has_masks() && !p.deterministic) return launch_bwd<BwdTraits<kHeadDim, Elem, false, true>>(p, stream);
+      variant = BwdVariant::kPingpong;
+    }
+#endif
     if (variant == BwdVariant::kPingpong) return launch_bwd<BwdTraits<kHeadDim, Elem, true>>(p, stream);
   }
   return launch_bwd<BwdTraits<kHeadDim, Elem, false>>(p, stream);

@@ -177,9 +177,10 @@ struct BwdMainloop {
         // strength-reduced 64-bit row pointers across steps and spills at 24 / 32
         // registers.)
         const int q0 = tile.q_shift + ptx::opaque(m) * kBlockM + lane;
-        float l[2], d[2];
+        constexpr int kLaneRows = kBlockM / 32;  // query rows per lane (lane + 32 r)
+        float l[kLaneRows], d[kLaneRows];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
+        for (int r = 0; r < kLaneRows; ++r) {
           const int q = q0 + 32 * r;
           l[r] = q < T ? lse[(int64_t)q * N] : -INFINITY;
           d[r] = q < T ? dps[q] : 0.f;
@@ -192,7 +193,7 @@ struct BwdMainloop {
         }
         const uint32_t st = sm.stats(pipe.stage) + 4 * lane;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
+        for (int r = 0; r < kLaneRows; ++r) {
           ptx::st_shared_f32(st + 4 * 32 * r, l[r] == -INFINITY ? INFINITY : l[r] * float(M_LOG2E));
           ptx::st_shared_f32(st + 4 * (kBlockM + 32 * r), d[r]);
         }
@@ -234,7 +235,9 @@ struct BwdMainloop {
       hptx::fence_proxy_async_global();
     }
 #ifndef JAXATTN_EXP_NO_DQ_REDUCE  // timing experiment only: dQ never added
-    reduce_add_tile(tm_dq, stage, q_base, wg * Tr::kDqChunks, head, tile.batch);
+    // (Tr::kRows: warpgroup wg's dQ is rows 64 wg .. of the step, every column.)
+    if constexpr (Tr::kRows) reduce_add_tile(tm_dq, stage, q_base + 64 * wg, 0, head, tile.batch);
+    else reduce_add_tile(tm_dq, stage, q_base, wg * Tr::kDqChunks, head, tile.batch);
 #endif
     hptx::bulk_commit();
     if (sem) {
@@ -442,7 +445,7 @@ struct BwdMainloop {
     if constexpr (Tr::kDqWarp) {
       // The dQ warp has read the previous tile's staging; write, publish, go on.
       hptx::mbar_wait(sm.bar_dq_empty(wg), (uint32_t)(dq_index & 1) ^ 1u);
-      store_acc_f32_sw128<Tr::kDqCols, Tr::kDqStoreSpread>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
+      store_acc_f32_sw128<Tr::kDqCols, Tr::kDqStoreSpread>(dq, dq_stage, Tr::kDqRows * 128, warp * 16 + g, t);
       hptx::fence_proxy_async_smem();
       hptx::mbar_arrive(sm.bar_dq_full(wg));
     } else {

@@ -54,12 +54,19 @@ namespace jaxattn::sm90 {
 // 2-5% slower at head dim 64 in sessions 3 and 5 and was removed.)
 // kPingpong (head dim 64): the consumer warpgroups take turns issuing their wgmma
 // bursts (bwd_mainloop.cuh), so one's P / dS phase runs while the other's products execute.
-template <int kHeadDim_, typename Elem_, bool kPingpong_ = false>
+// kRows (head dim 64, experiment -DJAXATTN_EXP_BWD64_ROWS; bwd_mainloop_rows.cuh): steps of
+// 128 query rows, each warpgroup S = Q K^T and dP = dO V^T for its 64 of them over the
+// CTA's 128 keys; P and dS [128 queries][128 keys] in shared memory (the dS^T area's two
+// slots: dS in 0, P in 1) for dV / dK of each warpgroup's 64 keys; dQ = dS K of its 64
+// rows with dS from registers, all 64 columns (staging [2 chunks][64 rows][32 floats]).
+template <int kHeadDim_, typename Elem_, bool kPingpong_ = false, bool kRows_ = false>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingpong = kPingpong_;
+  static constexpr bool kRows = kRows_;
   static_assert(!kPingpong || kHeadDim <= 128, "pingpong: the narrow (two 64-key warpgroups) tile");
+  static_assert(!kRows || (kHeadDim == 64 && !kPingpong), "row steps: head dim 64, no pingpong");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
 
   // Wide: both warpgroups share the CTA's 64 keys and split the head dim.
@@ -77,7 +84,7 @@ struct BwdTraits {
   // path). 256 (wide) has its own path.
   static constexpr bool kDqWarp = kHeadDim <= 128;
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
-  static constexpr int kBlockM = 64;  // query rows per step (one dS^T chunk)
+  static constexpr int kBlockM = kRows ? 128 : 64;  // query rows per step (one dS^T chunk; kRows: two)
   // (3 stages: same speed at head dim 64 (session 5) and -1 to +0.3% at 128 (session 9).)
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
@@ -98,7 +105,8 @@ struct BwdTraits {
   static_assert((kProducerRegs + kConsumerWarpgroups * kConsumerRegs) * 128 <= 168 * 384, "register pool");
 
   static constexpr int kChunks = kHeadDim / 64;
-  static constexpr int kDqCols = kHeadDim / 2;                           // dQ columns per warpgroup
+  static constexpr int kDqCols = kRows ? kHeadDim : kHeadDim / 2;        // dQ columns per warpgroup
+  static constexpr int kDqRows = kRows ? 64 : kBlockM;                   // dQ rows per warpgroup
   static constexpr int kKvCols = kWide ? kHeadDim / 2 : kHeadDim;        // dK / dV columns per warpgroup
   static constexpr int kAccRegs = kKvCols / 2;                           // dK / dV floats per thread
   static constexpr int kDqChunks = kDqCols / 32;       // f32 chunks of them
@@ -106,7 +114,7 @@ struct BwdTraits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   // Wide: dQ is staged in the step's Q / dO buffers (no tile of its own).
-  static constexpr int kDqWgBytes = kWide ? 0 : kBlockM * kDqCols * 4;
+  static constexpr int kDqWgBytes = kWide ? 0 : kDqRows * kDqCols * 4;
   static_assert(!kWide || kBlockM * kDqCols * 4 == kQBytes, "a warpgroup's dQ fits its Q / dO buffer");
 
   static constexpr int kOffK = 0;
@@ -128,7 +136,7 @@ struct BwdTraits {
   // split causal +4 / +12 / +13% (ahead of the pingpong, which it now replaces for
   // causal H=64). With the pingpong it lost 3-5% at H=64 and gained 0-2% at H=128
   // (pingpong at 128), so the pingpong keeps the barrier.
-  static constexpr bool kSkewDq = !kWide && !kPingpong;
+  static constexpr bool kSkewDq = !kWide && !kPingpong && !kRows;
   // Wide: dQ as two 64-column wgmmas; the first half staged, then the next step's S^T
   // issued (into the registers the half freed) and the second half staged while it
   // runs; the next step then starts with S^T done (its P^T under dP^T). (Both
@@ -160,7 +168,7 @@ struct BwdTraits {
   static constexpr int kSmemBytes = kOffMaskRed + 16 + 1024;  // + slack for 1024 alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqWgBytes % 1024 == 0, "1024-aligned tiles");
-  static_assert(kBlockM == 64, "a dS^T / P^T tile is one 64-column chunk");
+  static_assert(kBlockM == 64 || kRows, "a dS^T / P^T tile is one 64-column chunk");
 
   // wgmma descriptors by addition (hptx::TileDesc<true>) or rebuilt from each address:
   // chosen by measurement (H200, session 10 run 1, standalone). By addition won
