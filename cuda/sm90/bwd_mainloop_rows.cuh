@@ -74,6 +74,26 @@ struct BwdMainloopRows {
     }
   }
 
+  // P = exp2(S scale log2e - lse) in place (rows q0, q0 + 8; keys key0 + 8 j + e); with
+  // kMask, keys >= S and (causal) keys past the row's query are zeroed.
+  template <bool kCausal, bool kMask>
+  __device__ __forceinline__ static void probs(float (&s)[kSRegs], const float (&lse)[2], int q0, int key0, int S,
+                                               float sl2) {
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[4 * j + 2 * h + e];
+          x = ptx::exp2_approx(fmaf(x, sl2, -lse[h]));
+          if constexpr (kMask) {
+            const int key = key0 + 8 * j + e;
+            if (key >= S || (kCausal && key > q0 + 8 * h)) x = 0.f;
+          }
+        }
+  }
+
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
   template <bool kCausal>
   __device__ static void consume(float (&dk)[kAccRegs], float (&dv)[kAccRegs], const BwdSmem<Tr>& sm,
@@ -117,21 +137,10 @@ struct BwdMainloopRows {
         hptx::reg_fence_array(s);
         const int q_first = q_base + 64 * wg;
         const bool need_mask = tile.key_first + kBlockN - 1 >= S || (kCausal && tile.key_first + kBlockN - 1 > q_first);
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& x = s[4 * j + 2 * h + e];
-              x = ptx::exp2_approx(fmaf(x, sl2, -lse[h]));
-              if (need_mask) {
-                const int key = tile.key_first + 8 * j + 2 * t + e, q = q_base + row0 + 8 * h;
-                if (key >= S || (kCausal && key > q)) x = 0.f;
-              }
-            }
-          }
-        }
+        // (Two paths, as BwdMainloop::probs: a mask test inside the one loop made ptxas
+        // compute the predicates on every step, session 9.)
+        if (need_mask) probs<kCausal, true>(s, lse, q_base + row0, tile.key_first + 2 * t, S, sl2);
+        else probs<kCausal, false>(s, lse, q_base + row0, tile.key_first + 2 * t, S, sl2);
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) pk[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
         // Both warpgroups' dV / dK of the step before have read the P / dS tiles.
