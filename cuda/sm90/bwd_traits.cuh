@@ -40,9 +40,10 @@ namespace jaxattn::sm90 {
 //   V   [kChunks][kBlockN][64]          (reused for dV in the epilogue)
 //   Q   [kStages][kChunks][kBlockM][64]
 //   dO  [kStages][kChunks][kBlockM][64]
-//   dS^T [2][kBlockN][kBlockM]           (double-buffered: kBlockM = 64 = one chunk)
+//   dS^T [2][kBlockN][kBlockM]           (double-buffered: kBlockM = 64 = one chunk;
+//                                         kRows: dS and P [kBlockM][kBlockN] instead)
 //   P^T  [2][kBlockN][kBlockM]           (wide only)
-//   dQ staging [2 warpgroups][kDqCols/32 chunks][kBlockM][32 floats] (not wide)
+//   dQ staging [2 warpgroups][kDqCols/32 chunks][kDqRows][32 floats] (not wide)
 //   row stats [kStages][2][kBlockM] f32: the step's lse * log2(e) (+inf for rows
 //     past T or with no key) and D, written by the producer warp with each Q / dO stage
 //   mbarriers: kv_full, q_full[s], q_empty[s] (+ dq_full[wg], dq_empty[wg]; + ds_full[2], ds_empty[2])
