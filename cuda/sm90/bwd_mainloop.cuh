@@ -235,9 +235,13 @@ struct BwdMainloop {
       hptx::fence_proxy_async_global();
     }
 #ifndef JAXATTN_EXP_NO_DQ_REDUCE  // timing experiment only: dQ never added
-    // (Tr::kRows: warpgroup wg's dQ is rows 64 wg .. of the step, every column.)
-    if constexpr (Tr::kRows) reduce_add_tile(tm_dq, stage, q_base + 64 * wg, 0, head, tile.batch);
-    else reduce_add_tile(tm_dq, stage, q_base, wg * Tr::kDqChunks, head, tile.batch);
+    // (Tr::kRows: warpgroup wg's dQ is rows 64 wg .. of the step, every column; none when
+    // they all lie past T, rather than a box wholly outside the tensor.)
+    if constexpr (Tr::kRows) {
+      if (q_base + 64 * wg < args.seqlen_q) reduce_add_tile(tm_dq, stage, q_base + 64 * wg, 0, head, tile.batch);
+    } else {
+      reduce_add_tile(tm_dq, stage, q_base, wg * Tr::kDqChunks, head, tile.batch);
+    }
 #endif
     hptx::bulk_commit();
     if (sem) {
