@@ -30,6 +30,15 @@
 #include "sm90/bwd_traits.cuh"
 #include "sm90/smem_rows.cuh"
 
+// Experiment (session 29, not yet run; with JAXATTN_EXP_BWD64_ROWS): the next step's S
+// and dP issued behind this step's dV / dK (after the dQ staging), so the tensor pipe
+// goes on from one step's gradients into the next step's scores; a step then begins
+// with its S and dP done. (The last step issues a throwaway pair over its own stage:
+// a wgmma behind a branch made ptxas serialise them before, session 26.)
+#ifndef JAXATTN_EXP_BWD64_ROWS_NEXT_S
+#define JAXATTN_EXP_BWD64_ROWS_NEXT_S 0
+#endif
+
 namespace jaxattn::sm90 {
 
 template <class Tr>
@@ -94,6 +103,19 @@ struct BwdMainloopRows {
         }
   }
 
+  // S and dP of the step in ring stage `stage` (two commit groups), once it has landed
+  // (`wait`: the full barrier's phase `phase`).
+  __device__ __forceinline__ static void issue_step_scores(float (&s)[kSRegs], float (&dp)[kSRegs],
+                                                           const BwdSmem<Tr>& sm, int stage, uint32_t phase, int wg,
+                                                           bool wait = true) {
+    if (wait) hptx::mbar_wait(sm.bar_q_full(stage), phase);
+    hptx::wgmma_fence();
+    issue_scores(s, sm.q(stage) + 64 * wg * 128, sm.k());
+    hptx::wgmma_commit();
+    issue_scores(dp, sm.dout(stage) + 64 * wg * 128, sm.v());
+    hptx::wgmma_commit();
+  }
+
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
   template <bool kCausal>
   __device__ static void consume(float (&dk)[kAccRegs], float (&dv)[kAccRegs], const BwdSmem<Tr>& sm,
@@ -110,19 +132,22 @@ struct BwdMainloopRows {
     uint32_t pk[kPRegs];
 
     hptx::mbar_wait(sm.bar_kv(), 0);
+    constexpr bool kNextS = JAXATTN_EXP_BWD64_ROWS_NEXT_S;
+    const int n_steps = tile.steps(args.group);
     Pipe pipe;
+    if (kNextS && n_steps > 0) {
+      issue_step_scores(s, dp, sm, pipe.stage, pipe.phase, wg);
+      hptx::wgmma_wait<0>();
+      hptx::reg_fence_array(s);
+      hptx::reg_fence_array(dp);
+    }
     int step = 0;
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
       for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
         const int q_base = tile.q_row<kBlockM>(m);
-        hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
+        if constexpr (!kNextS) issue_step_scores(s, dp, sm, pipe.stage, pipe.phase, wg);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
-        hptx::wgmma_fence();
-        issue_scores(s, q_tile + 64 * wg * 128, sm.k());
-        hptx::wgmma_commit();
-        issue_scores(dp, do_tile + 64 * wg * 128, sm.v());
-        hptx::wgmma_commit();
         // This thread's two rows' lse (log2 domain; +inf past T) and D.
         const uint32_t stats = sm.stats(pipe.stage);
         float lse[2], dps[2];
@@ -133,8 +158,10 @@ struct BwdMainloopRows {
         }
 
         // P once S is in: s[4 j + 2 h + e] is row row0 + 8 h, key key_first + 8 j + 2 t + e.
-        hptx::wgmma_wait<1>();
-        hptx::reg_fence_array(s);
+        if constexpr (!kNextS) {
+          hptx::wgmma_wait<1>();
+          hptx::reg_fence_array(s);
+        }
         const int q_first = q_base + 64 * wg;
         const bool need_mask = tile.key_first + kBlockN - 1 >= S || (kCausal && tile.key_first + kBlockN - 1 > q_first);
         // (Two paths, as BwdMainloop::probs: a mask test inside the one loop made ptxas
@@ -148,8 +175,10 @@ struct BwdMainloopRows {
         store_packed_sw128<kBlockN>(pk, p_tile, kChunk, row0, t);
 
         // dS once dP is in (P still in f32), into registers (dQ's A) and the tile.
-        hptx::wgmma_wait<0>();
-        hptx::reg_fence_array(dp);
+        if constexpr (!kNextS) {
+          hptx::wgmma_wait<0>();
+          hptx::reg_fence_array(dp);
+        }
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
@@ -178,10 +207,24 @@ struct BwdMainloopRows {
         hptx::reg_fence_array(pk);  // dQ's A operand, live until its wgmma is done
         Base::stage_dq(dq, nullptr, sm, tile, args, head, q_base, wg, tid, step, nullptr);
 
-        hptx::wgmma_wait<0>();
-        hptx::reg_fence_array(dk);
-        hptx::reg_fence_array(dv);
-        Base::release(sm.bar_q_empty(pipe.stage), lane);
+        if constexpr (kNextS) {
+          const bool has_next = step + 1 < n_steps;
+          Pipe next = pipe;
+          next.advance();
+          issue_step_scores(s, dp, sm, has_next ? next.stage : pipe.stage, next.phase, wg, has_next);
+          hptx::wgmma_wait<2>();  // dV / dK
+          hptx::reg_fence_array(dk);
+          hptx::reg_fence_array(dv);
+          Base::release(sm.bar_q_empty(pipe.stage), lane);
+          hptx::wgmma_wait<0>();  // the next step's S / dP
+          hptx::reg_fence_array(s);
+          hptx::reg_fence_array(dp);
+        } else {
+          hptx::wgmma_wait<0>();
+          hptx::reg_fence_array(dk);
+          hptx::reg_fence_array(dv);
+          Base::release(sm.bar_q_empty(pipe.stage), lane);
+        }
         pipe.advance();
       }
     }
