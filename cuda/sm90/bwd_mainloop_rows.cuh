@@ -180,14 +180,7 @@ struct BwdMainloopRows {
           hptx::reg_fence_array(dp);
         }
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int i = 4 * j + 2 * h + e;
-              dp[i] = s[i] * (dp[i] - dps[h]);
-            }
+        for (int i = 0; i < kSRegs; ++i) dp[i] = s[i] * (dp[i] - dps[(i / 2) % 2]);  // (row h = (i / 2) % 2)
 #pragma unroll
         for (int i = 0; i < kPRegs; ++i) pk[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
         store_packed_sw128<kBlockN>(pk, ds_tile, kChunk, row0, t);
