@@ -199,6 +199,8 @@ def main(argv=None):
     layers = args.layers or (1 if args.cpu else 8)
     if layers < 1:
         raise SystemExit("--layers must be >= 1")
+    if args.caches < 0:
+        raise SystemExit("--caches must be >= 0 (0: as many as make >= 1 GiB)")
     peak = read_bandwidth(jax, jnp, device, (256 << 20) if args.cpu else (4 << 30))
     print(f"# {device.device_kind}: measured read bandwidth {peak / 1e9:.0f} GB/s", file=sys.stderr)
 
