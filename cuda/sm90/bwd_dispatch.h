@@ -12,16 +12,11 @@ namespace jaxattn::sm90 {
 // Schedules of the Hopper backward: kSplitHeadDim issues each step's dQ one step late
 // (BwdTraits::kSkewDq; head dims 64 / 128); kPingpong (head dim 64; elsewhere the same
 // as kSplitHeadDim) keeps dQ in its step and has the two consumer warpgroups take
-// turns issuing their wgmma bursts. kDefault: the measured best (see default_bwd_variant).
-#ifdef JAXATTN_EXP_BWD64_ROWS
-// (Experiment, session 29: kRows, 128-query steps at head dim 64, bwd_mainloop_rows.cuh;
-// elsewhere, and for masked or deterministic calls, the pingpong / split.)
+// turns issuing their wgmma bursts; kRows (head dim 64, causal, unmasked and not
+// deterministic; the others take the kernel kDefault would) steps of 128 query rows
+// (bwd_mainloop_rows.cuh). kDefault: the measured best (see default_bwd_variant).
 enum class BwdVariant : int { kSplitHeadDim = 0, kPingpong = 1, kRows = 2, kDefault = 3 };
 constexpr int kNumBwdVariants = 3;  // the explicit ones
-#else
-enum class BwdVariant : int { kSplitHeadDim = 0, kPingpong = 1, kDefault = 2 };
-constexpr int kNumBwdVariants = 2;  // the explicit ones
-#endif
 
 // Enqueues preprocess, the main kernel and the dQ conversion; `p` already validated.
 template <int kHeadDim, typename Elem>

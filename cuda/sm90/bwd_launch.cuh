@@ -22,9 +22,12 @@ namespace jaxattn::sm90 {
 // lost up to 7% at 128 (session 5), so only head dim 64 has it. With dQ one step
 // late (BwdTraits::kSkewDq, split only) the split beats it at head dim 64 causal
 // (+4-5% at T = 4K / 16K, -2% at 1K) and loses non-causal (-3 to -8%): session 14.
-// Masked calls keep the pingpong at 64 (not measured with the late dQ).
+// Masked calls keep the pingpong at 64 (not measured with the late dQ). Causal H=64
+// takes the 128-query row steps (session 30 run 1: +4-6% over the split at T = 1K / 4K /
+// 16K), where they apply (run_bwd).
 inline BwdVariant default_bwd_variant(int head_dim, bool causal) {
-  return head_dim == 64 && !causal ? BwdVariant::kPingpong : BwdVariant::kSplitHeadDim;
+  if (head_dim != 64) return BwdVariant::kSplitHeadDim;
+  return causal ? BwdVariant::kRows : BwdVariant::kPingpong;
 }
 
 template <class Tr>
@@ -77,7 +80,12 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
   void (*kernel)(const BwdParams) = nullptr;
   if constexpr (Tr::kRows) {
     if (p.has_masks() || p.deterministic) return {cudaErrorInvalidValue, "flash_bwd_sm90 (row steps: unmasked only)"};
+#ifdef JAXATTN_EXP_BWD64_ROWS
     kernel = p.is_causal ? flash_bwd_sm90_kernel<Tr, true> : flash_bwd_sm90_kernel<Tr, false>;
+#else
+    if (!p.is_causal) return {cudaErrorInvalidValue, "flash_bwd_sm90 (row steps: causal only)"};
+    kernel = flash_bwd_sm90_kernel<Tr, true>;
+#endif
   } else {
     kernel = doc_tiles       ? flash_bwd_sm90_kernel<Tr, false, true, !Tr::kWide>
              : p.has_masks() ? flash_bwd_sm90_kernel<Tr, false, true>
@@ -103,15 +111,21 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
 
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant variant) {
-  if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim, p.is_causal && !p.has_masks());
+  const bool plain_causal = p.is_causal && !p.has_masks();
+  if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim, plain_causal);
   if constexpr (kHeadDim == 64) {
-#ifdef JAXATTN_EXP_BWD64_ROWS
-    // (Experiment: 128-query steps; unmasked, non-deterministic calls. Others take the pingpong.)
+    // 128-query steps: unmasked, non-deterministic, causal calls (non-causal too with the
+    // experiment switch); the others take what they would by default, deterministic
+    // causal the split.
     if (variant == BwdVariant::kRows) {
-      if (!p.has_masks() && !p.deterministic) return launch_bwd<BwdTraits<kHeadDim, Elem, false, true>>(p, stream);
-      variant = BwdVariant::kPingpong;
-    }
+#ifdef JAXATTN_EXP_BWD64_ROWS
+      const bool rows = !p.has_masks() && !p.deterministic;
+#else
+      const bool rows = plain_causal && !p.deterministic;
 #endif
+      if (rows) return launch_bwd<BwdTraits<kHeadDim, Elem, false, true>>(p, stream);
+      variant = plain_causal ? BwdVariant::kSplitHeadDim : BwdVariant::kPingpong;
+    }
     if (variant == BwdVariant::kPingpong) return launch_bwd<BwdTraits<kHeadDim, Elem, true>>(p, stream);
   }
   return launch_bwd<BwdTraits<kHeadDim, Elem, false>>(p, stream);

@@ -1,5 +1,8 @@
 // Consumer loop of the Hopper backward with 128-query steps at head dim 64
-// (BwdTraits::kRows; experiment -DJAXATTN_EXP_BWD64_ROWS, not in the default build).
+// (BwdTraits::kRows): the causal H=64 default for unmasked, non-deterministic calls
+// (H200, session 30 run 1, standalone: +4-6% over the split with the late dQ at T = 1K /
+// 4K / 16K; non-causal -3% against the pingpong, so there only with the experiment
+// switch -DJAXATTN_EXP_BWD64_ROWS).
 //
 // The CTA holds 128 keys (K, V); a step is 128 query rows (Q, dO, their lse / D),
 // twice the default tile's, so the per-step costs (barriers, the stage hand-offs,
@@ -29,15 +32,6 @@
 #include "sm90/bwd_mainloop.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/smem_rows.cuh"
-
-// Experiment (session 29, not yet run; with JAXATTN_EXP_BWD64_ROWS): the next step's S
-// and dP issued behind this step's dV / dK (after the dQ staging), so the tensor pipe
-// goes on from one step's gradients into the next step's scores; a step then begins
-// with its S and dP done. (The last step issues a throwaway pair over its own stage:
-// a wgmma behind a branch made ptxas serialise them before, session 26.)
-#ifndef JAXATTN_EXP_BWD64_ROWS_NEXT_S
-#define JAXATTN_EXP_BWD64_ROWS_NEXT_S 0
-#endif
 
 namespace jaxattn::sm90 {
 
@@ -104,11 +98,10 @@ struct BwdMainloopRows {
   }
 
   // S and dP of the step in ring stage `stage` (two commit groups), once it has landed
-  // (`wait`: the full barrier's phase `phase`).
+  // (the full barrier's phase `phase`).
   __device__ __forceinline__ static void issue_step_scores(float (&s)[kSRegs], float (&dp)[kSRegs],
-                                                           const BwdSmem<Tr>& sm, int stage, uint32_t phase, int wg,
-                                                           bool wait = true) {
-    if (wait) hptx::mbar_wait(sm.bar_q_full(stage), phase);
+                                                           const BwdSmem<Tr>& sm, int stage, uint32_t phase, int wg) {
+    hptx::mbar_wait(sm.bar_q_full(stage), phase);
     hptx::wgmma_fence();
     issue_scores(s, sm.q(stage) + 64 * wg * 128, sm.k());
     hptx::wgmma_commit();
@@ -132,21 +125,13 @@ struct BwdMainloopRows {
     uint32_t pk[kPRegs];
 
     hptx::mbar_wait(sm.bar_kv(), 0);
-    constexpr bool kNextS = JAXATTN_EXP_BWD64_ROWS_NEXT_S;
-    const int n_steps = tile.steps(args.group);
     Pipe pipe;
-    if (kNextS && n_steps > 0) {
-      issue_step_scores(s, dp, sm, pipe.stage, pipe.phase, wg);
-      hptx::wgmma_wait<0>();
-      hptx::reg_fence_array(s);
-      hptx::reg_fence_array(dp);
-    }
     int step = 0;
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
       for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
         const int q_base = tile.q_row<kBlockM>(m);
-        if constexpr (!kNextS) issue_step_scores(s, dp, sm, pipe.stage, pipe.phase, wg);
+        issue_step_scores(s, dp, sm, pipe.stage, pipe.phase, wg);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
         // This thread's two rows' lse (log2 domain; +inf past T) and D.
         const uint32_t stats = sm.stats(pipe.stage);
@@ -158,10 +143,8 @@ struct BwdMainloopRows {
         }
 
         // P once S is in: s[4 j + 2 h + e] is row row0 + 8 h, key key_first + 8 j + 2 t + e.
-        if constexpr (!kNextS) {
-          hptx::wgmma_wait<1>();
-          hptx::reg_fence_array(s);
-        }
+        hptx::wgmma_wait<1>();
+        hptx::reg_fence_array(s);
         const int q_first = q_base + 64 * wg;
         const bool need_mask = tile.key_first + kBlockN - 1 >= S || (kCausal && tile.key_first + kBlockN - 1 > q_first);
         // (Two paths, as BwdMainloop::probs: a mask test inside the one loop made ptxas
@@ -175,10 +158,8 @@ struct BwdMainloopRows {
         store_packed_sw128<kBlockN>(pk, p_tile, kChunk, row0, t);
 
         // dS once dP is in (P still in f32), into registers (dQ's A) and the tile.
-        if constexpr (!kNextS) {
-          hptx::wgmma_wait<0>();
-          hptx::reg_fence_array(dp);
-        }
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(dp);
 #pragma unroll
         for (int i = 0; i < kSRegs; ++i) dp[i] = s[i] * (dp[i] - dps[(i / 2) % 2]);  // (row h = (i / 2) % 2)
 #pragma unroll
@@ -200,24 +181,10 @@ struct BwdMainloopRows {
         hptx::reg_fence_array(pk);  // dQ's A operand, live until its wgmma is done
         Base::stage_dq(dq, nullptr, sm, tile, args, head, q_base, wg, tid, step, nullptr);
 
-        if constexpr (kNextS) {
-          const bool has_next = step + 1 < n_steps;
-          Pipe next = pipe;
-          next.advance();
-          issue_step_scores(s, dp, sm, has_next ? next.stage : pipe.stage, next.phase, wg, has_next);
-          hptx::wgmma_wait<2>();  // dV / dK
-          hptx::reg_fence_array(dk);
-          hptx::reg_fence_array(dv);
-          Base::release(sm.bar_q_empty(pipe.stage), lane);
-          hptx::wgmma_wait<0>();  // the next step's S / dP
-          hptx::reg_fence_array(s);
-          hptx::reg_fence_array(dp);
-        } else {
-          hptx::wgmma_wait<0>();
-          hptx::reg_fence_array(dk);
-          hptx::reg_fence_array(dv);
-          Base::release(sm.bar_q_empty(pipe.stage), lane);
-        }
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(dk);
+        hptx::reg_fence_array(dv);
+        Base::release(sm.bar_q_empty(pipe.stage), lane);
         pipe.advance();
       }
     }

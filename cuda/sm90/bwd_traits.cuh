@@ -55,7 +55,7 @@ namespace jaxattn::sm90 {
 // 2-5% slower at head dim 64 in sessions 3 and 5 and was removed.)
 // kPingpong (head dim 64): the consumer warpgroups take turns issuing their wgmma
 // bursts (bwd_mainloop.cuh), so one's P / dS phase runs while the other's products execute.
-// kRows (head dim 64, experiment -DJAXATTN_EXP_BWD64_ROWS; bwd_mainloop_rows.cuh): steps of
+// kRows (head dim 64, causal; non-causal with -DJAXATTN_EXP_BWD64_ROWS; bwd_mainloop_rows.cuh): steps of
 // 128 query rows, each warpgroup S = Q K^T and dP = dO V^T for its 64 of them over the
 // CTA's 128 keys; P and dS [128 queries][128 keys] in shared memory (the dS^T area's two
 // slots: dS in 0, P in 1) for dV / dK of each warpgroup's 64 keys; dQ = dS K of its 64

@@ -35,11 +35,7 @@ using jaxattn::sm90::BwdVariant;
 namespace jc = jaxattn::cuda;
 static constexpr int kNV = jaxattn::sm90::kNumBwdVariants;
 static const char* variant_name(int v) {
-#ifdef JAXATTN_EXP_BWD64_ROWS
   static const char* names[] = {"split-hd", "pingpong", "rows", "default"};
-#else
-  static const char* names[] = {"split-hd", "pingpong", "default"};
-#endif
   return v >= 0 && v <= kNV ? names[v] : "?";
 }
 
