@@ -187,9 +187,14 @@ struct BwdMainloop {
         }
         hptx::mbar_wait(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
         if (lane == 0) {
+#ifdef JAXATTN_EXP_NO_DO_LOAD  // timing experiment only: dO never loaded (half the ring's traffic)
+          hptx::mbar_arrive_expect_tx(sm.bar_q_full(pipe.stage), Tr::kQBytes);
+          load_tile<true>(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), q0 - lane, head, tile.batch);
+#else
           hptx::mbar_arrive_expect_tx(sm.bar_q_full(pipe.stage), 2 * Tr::kQBytes);
           load_tile<true>(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), q0 - lane, head, tile.batch);
           load_tile<true>(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), q0 - lane, head, tile.batch);
+#endif
         }
         const uint32_t st = sm.stats(pipe.stage) + 4 * lane;
 #pragma unroll
@@ -234,7 +239,9 @@ struct BwdMainloop {
       ptx::wait_counter_geq(sem, 2 * first);
       hptx::fence_proxy_async_global();
     }
-#ifndef JAXATTN_EXP_NO_DQ_REDUCE  // timing experiment only: dQ never added
+#if defined(JAXATTN_EXP_HALF_DQ_REDUCE)  // timing experiment only: warpgroup 1's dQ never added
+    if (wg == 0) reduce_add_tile(tm_dq, stage, q_base, wg * Tr::kDqChunks, head, tile.batch);
+#elif !defined(JAXATTN_EXP_NO_DQ_REDUCE)  // timing experiment only: dQ never added
     // (Tr::kRows: warpgroup wg's dQ is rows 64 wg .. of the step, every column; none when
     // they all lie past T, rather than a box wholly outside the tensor.)
     if constexpr (Tr::kRows) {
