@@ -46,7 +46,9 @@ __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   tile.key_first = tile.n_block * Tr::kBlockN;
   tile.key_end = tile.key_first + Tr::kBlockN;
   tile.q_shift = 0;
-  tile.m_begin = kCausal ? (tile.n_block * Tr::kBlockN) / Tr::kBlockM : 0;
+  // (kPair: both CTAs of a cluster walk the same query blocks, from the lower key block's.)
+  const int first_block = Tr::kPair ? tile.n_block & ~1 : tile.n_block;
+  tile.m_begin = kCausal ? (first_block * Tr::kBlockN) / Tr::kBlockM : 0;
   tile.m_end = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   if (tile.m_begin > tile.m_end) tile.m_begin = tile.m_end;
   return tile;
@@ -125,6 +127,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
   const BwdArgs& args = params.args;
   static_assert(!kDoc || (kMasked && !Tr::kWide && Tr::kBlockN == cuda::kDocTileRows), "document tiles");
   static_assert(!Tr::kRows || !kMasked, "row steps: unmasked calls only");
+  static_assert(!Tr::kPair || !kMasked, "pairs: unmasked calls only");
   BwdTile tile;
   bool doc = false;
   int2 doc_rows = make_int2(0, 0);
@@ -157,6 +160,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
         hptx::mbar_init(sm.bar_dq_empty(wg), 1);
       }
     }
+    if constexpr (Tr::kPair) {
+#pragma unroll
+      for (int s = 0; s < Tr::kStages; ++s)
+#pragma unroll
+        for (int wg = 0; wg < Tr::kConsumerWarpgroups; ++wg) hptx::mbar_init(sm.bar_dq_ready(s, wg), 1);
+    }
     if constexpr (Tr::kSkewDq) {
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
@@ -176,7 +185,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     const MaskView view = bwd_mask_tile<Tr>(tile, args, mask_red, doc, doc_rows);
     if (threadIdx.x == 32) mask_view = view;
   }
-  __syncthreads();
+  if constexpr (Tr::kPair) {  // (the other CTA's barriers are initialised before any use)
+    hptx::cluster_arrive();
+    hptx::cluster_wait();
+  } else {
+    __syncthreads();
+  }
 
   if (warpgroup == 0) {
     hptx::setmaxnreg_dec<Tr::kProducerRegs>();
@@ -206,6 +220,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
       BwdMainloop<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
                                                           &mask_view, dq_view);
     BwdEpilogue<Tr>::template store<kDoc>(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);
+  }
+  if constexpr (Tr::kPair) {  // (no CTA leaves while the other may still touch its shared memory)
+    hptx::cluster_arrive();
+    hptx::cluster_wait();
   }
 }
 

@@ -118,11 +118,37 @@ struct BwdMainloopWide {
 
   // Thread 0 of a warpgroup: once the reduce-add it issued from stage `stage`'s dQ
   // staging has read it, the stage goes back to the producer (none: stage < 0).
+  // (kPair: on both CTAs' barriers; this warpgroup has also read the other CTA's staging.)
   __device__ __forceinline__ static void free_stage(const BwdSmem<Tr>& sm, int tid, int stage) {
     if (tid == 0 && stage >= 0) {
       hptx::bulk_wait_read0();
       hptx::mbar_arrive(sm.bar_q_empty(stage));
+      if constexpr (Tr::kPair) hptx::mbar_arrive_cluster(hptx::mapa_shared(sm.bar_q_empty(stage), hptx::cluster_ctarank() ^ 1));
     }
+  }
+
+  // kPair: warpgroup wg's dQ staging of this step is in both CTAs (tid 0 of each has
+  // told the other); add the other CTA's chunks 2r, 2r + 1 (r: this CTA's rank; 16 KB,
+  // 8 x 16 bytes a thread) to this CTA's. Returns their address, the box to reduce-add.
+  __device__ __forceinline__ static uint32_t add_peer_dq(const BwdSmem<Tr>& sm, uint32_t dq_stage, int stage,
+                                                         uint32_t phase, int wg, int tid) {
+    const uint32_t rank = hptx::cluster_ctarank(), peer = rank ^ 1;
+    if (tid == 0) hptx::mbar_arrive_cluster(hptx::mapa_shared(sm.bar_dq_ready(stage, wg), peer));
+    hptx::mbar_wait_cluster(sm.bar_dq_ready(stage, wg), phase);
+    constexpr uint32_t kBytes = Tr::kDqAddChunks * kBlockM * 128;
+    const uint32_t mine = dq_stage + rank * kBytes, theirs = hptx::mapa_shared(mine, peer);
+    float4 v[kBytes / 16 / 128];
+#pragma unroll
+    for (int k = 0; k < kBytes / 16 / 128; ++k) v[k] = hptx::ld_shared_cluster_f32x4(theirs + 16 * (tid + 128 * k));
+#pragma unroll
+    for (int k = 0; k < kBytes / 16 / 128; ++k) {
+      const uint32_t a = mine + 16 * (tid + 128 * k);
+      const float4 u = hptx::ld_shared_f32x4(a);
+      hptx::st_shared_f32x4(a, make_float4(u.x + v[k].x, u.y + v[k].y, u.z + v[k].z, u.w + v[k].w));
+    }
+    hptx::fence_proxy_async_smem();
+    hptx::named_bar_sync(2 + wg, 128);
+    return mine;
   }
 
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
@@ -261,8 +287,10 @@ struct BwdMainloopWide {
         }
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
+        // (kPair: the other CTA's half of the columns added in; this CTA adds that half)
+        const uint32_t dq_src = Tr::kPair ? add_peer_dq(sm, dq_stage, pipe.stage, pipe.phase, wg, tid) : dq_stage;
         // (deterministic mode: one add per warpgroup per key block, disjoint columns)
-        if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg, dq_view);
+        if (tid == 0) Base::add_dq(tm_dq, dq_src, tile, args, head, q_base, wg, dq_view);
         pending_stage = pipe.stage;
         pipe.advance();
         buf ^= 1;

@@ -60,12 +60,22 @@ namespace jaxattn::sm90 {
 // CTA's 128 keys; P and dS [128 queries][128 keys] in shared memory (the dS^T area's two
 // slots: dS in 0, P in 1) for dV / dK of each warpgroup's 64 keys; dQ = dS K of its 64
 // rows with dS from registers, all 64 columns (staging [2 chunks][64 rows][32 floats]).
-template <int kHeadDim_, typename Elem_, bool kPingpong_ = false, bool kRows_ = false>
+// kPair (head dim 256, experiment -DJAXATTN_EXP_BWD256_PAIR; unmasked, not deterministic):
+// CTAs in clusters of two over adjacent key blocks, which walk the same query blocks in
+// step (causal: from the lower block's first): each CTA's producer loads half of every
+// Q / dO stage's chunks and multicasts them to both (a stage is refilled once both CTAs
+// have freed it: its empty barrier counts both CTAs' warpgroups), and each warpgroup,
+// after staging its dQ, adds the other CTA's staging of half of its columns to its own
+// (distributed shared memory) and reduce-adds only that half. Per CTA and step, L2
+// moves 32 KB of Q / dO and 32 KB of dQ instead of 64 and 64.
+template <int kHeadDim_, typename Elem_, bool kPingpong_ = false, bool kRows_ = false, bool kPair_ = false>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingpong = kPingpong_;
   static constexpr bool kRows = kRows_;
+  static constexpr bool kPair = kPair_;
+  static_assert(!kPair || kHeadDim == 256, "pairs: head dim 256");
   static_assert(!kPingpong || kHeadDim <= 128, "pingpong: the narrow (two 64-key warpgroups) tile");
   static_assert(!kRows || (kHeadDim == 64 && !kPingpong), "row steps: head dim 64, no pingpong");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
@@ -111,6 +121,9 @@ struct BwdTraits {
   static constexpr int kKvCols = kWide ? kHeadDim / 2 : kHeadDim;        // dK / dV columns per warpgroup
   static constexpr int kAccRegs = kKvCols / 2;                           // dK / dV floats per thread
   static constexpr int kDqChunks = kDqCols / 32;       // f32 chunks of them
+  // Chunks of one Q / dO load and of one dQ reduce-add (kPair: each CTA's half).
+  static constexpr int kLoadChunks = kPair ? kChunks / 2 : kChunks;
+  static constexpr int kDqAddChunks = kPair ? kDqChunks / 2 : kDqChunks;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
@@ -152,11 +165,12 @@ struct BwdTraits {
   // released at the step's top (-5 to -12%), the causal kernel's descriptors by addition
   // (no change), warpgroups in roles (S^T / P^T in one, dP^T / dS^T in the other: -6 to -10%).
   static constexpr bool kWideSplitDq = kWide;
-  static constexpr int kNumBars =
-      1 + 2 * kStages + (kDqWarp ? 2 * kConsumerWarpgroups : 0) + (kSkewDq ? 4 : 0);
+  static constexpr int kNumBars = 1 + 2 * kStages + (kDqWarp ? 2 * kConsumerWarpgroups : 0) + (kSkewDq ? 4 : 0) +
+                                  (kPair ? kStages * kConsumerWarpgroups : 0);
   // Arrivals that free a Q / dO stage: one per consumer warp; wide: one per
   // warpgroup, after its dQ reduce-add has read the staging it put there.
-  static constexpr int kQEmptyArrivals = kWide ? kConsumerWarpgroups : 4 * kConsumerWarpgroups;
+  // (kPair: both CTAs' warpgroups.)
+  static constexpr int kQEmptyArrivals = kWide ? kConsumerWarpgroups * (kPair ? 2 : 1) : 4 * kConsumerWarpgroups;
   // Arrivals that fill one: lane 0 of the producer warp's expect_tx, then every lane's
   // after writing its rows' statistics.
   static constexpr int kQFullArrivals = 1 + 32;
@@ -226,6 +240,11 @@ struct BwdSmem {
     return bar_kv() + 8 * (1 + 2 * Tr::kStages + (Tr::kDqWarp ? 2 * Tr::kConsumerWarpgroups : 0) + b);
   }
   __device__ __forceinline__ uint32_t bar_ds_empty(int b) const { return bar_ds_full(b) + 16; }
+  // (Tr::kPair) the other CTA's warpgroup wg has staged its dQ in stage s (1 arrival,
+  // from the other CTA).
+  __device__ __forceinline__ uint32_t bar_dq_ready(int s, int wg) const {
+    return bar_kv() + 8 * (Tr::kNumBars - Tr::kStages * Tr::kConsumerWarpgroups + s * Tr::kConsumerWarpgroups + wg);
+  }
 };
 
 // The work of one CTA: the kBlockN keys from key_first of (batch, kv_head), of which
