@@ -195,7 +195,7 @@ struct BwdMainloop {
           load_tile<true>(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), q0 - lane, head, tile.batch);
 #else
           hptx::mbar_arrive_expect_tx(sm.bar_q_full(pipe.stage), 2 * Tr::kQBytes);
-          if constexpr (Tr::kPair) {
+          if constexpr (Tr::kPairMulticast) {
             // This CTA's half of the chunks, into both CTAs (the other CTA loads the rest).
             const int r = (int)hptx::cluster_ctarank();
             const uint32_t off = r * Tr::kLoadChunks * kBlockM * 128;
@@ -262,7 +262,7 @@ struct BwdMainloop {
       if (q_base + 64 * wg < args.seqlen_q) reduce_add_tile(tm_dq, stage, q_base + 64 * wg, 0, head, tile.batch);
     } else {
       // (kPair: this CTA's half of the warpgroup's columns, rank r: chunks 2r, 2r + 1)
-      const int chunk = wg * Tr::kDqChunks + (Tr::kPair ? (int)hptx::cluster_ctarank() * Tr::kDqAddChunks : 0);
+      const int chunk = wg * Tr::kDqChunks + (Tr::kPairExchange ? (int)hptx::cluster_ctarank() * Tr::kDqAddChunks : 0);
       reduce_add_tile(tm_dq, stage, q_base, chunk, head, tile.batch);
     }
 #endif

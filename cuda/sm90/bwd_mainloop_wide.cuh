@@ -288,7 +288,7 @@ struct BwdMainloopWide {
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
         // (kPair: the other CTA's half of the columns added in; this CTA adds that half)
-        const uint32_t dq_src = Tr::kPair ? add_peer_dq(sm, dq_stage, pipe.stage, pipe.phase, wg, tid) : dq_stage;
+        const uint32_t dq_src = Tr::kPairExchange ? add_peer_dq(sm, dq_stage, pipe.stage, pipe.phase, wg, tid) : dq_stage;
         // (deterministic mode: one add per warpgroup per key block, disjoint columns)
         if (tid == 0) Base::add_dq(tm_dq, dq_src, tile, args, head, q_base, wg, dq_view);
         pending_stage = pipe.stage;

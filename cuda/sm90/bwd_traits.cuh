@@ -121,9 +121,22 @@ struct BwdTraits {
   static constexpr int kKvCols = kWide ? kHeadDim / 2 : kHeadDim;        // dK / dV columns per warpgroup
   static constexpr int kAccRegs = kKvCols / 2;                           // dK / dV floats per thread
   static constexpr int kDqChunks = kDqCols / 32;       // f32 chunks of them
+  // kPair's two halves, each switched off for timing by -DJAXATTN_EXP_BWD256_PAIR_NO_MULTICAST
+  // (each CTA loads its whole stages; they are still freed on both CTAs' barriers) and
+  // -DJAXATTN_EXP_BWD256_PAIR_NO_EXCHANGE (each CTA reduce-adds its whole dQ).
+#ifdef JAXATTN_EXP_BWD256_PAIR_NO_MULTICAST
+  static constexpr bool kPairMulticast = false;
+#else
+  static constexpr bool kPairMulticast = kPair;
+#endif
+#ifdef JAXATTN_EXP_BWD256_PAIR_NO_EXCHANGE
+  static constexpr bool kPairExchange = false;
+#else
+  static constexpr bool kPairExchange = kPair;
+#endif
   // Chunks of one Q / dO load and of one dQ reduce-add (kPair: each CTA's half).
-  static constexpr int kLoadChunks = kPair ? kChunks / 2 : kChunks;
-  static constexpr int kDqAddChunks = kPair ? kDqChunks / 2 : kDqChunks;
+  static constexpr int kLoadChunks = kPairMulticast ? kChunks / 2 : kChunks;
+  static constexpr int kDqAddChunks = kPairExchange ? kDqChunks / 2 : kDqChunks;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
