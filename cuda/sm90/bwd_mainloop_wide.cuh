@@ -127,13 +127,18 @@ struct BwdMainloopWide {
     }
   }
 
-  // kPair: warpgroup wg's dQ staging of this step is in both CTAs (tid 0 of each has
-  // told the other); add the other CTA's chunks 2r, 2r + 1 (r: this CTA's rank; 16 KB,
-  // 8 x 16 bytes a thread) to this CTA's. Returns their address, the box to reduce-add.
+  // kPairExchange: tells the other CTA that warpgroup wg's dQ staging in `stage` is
+  // written (after the warpgroup's barrier).
+  __device__ __forceinline__ static void signal_dq_staged(const BwdSmem<Tr>& sm, int stage, int wg, int tid) {
+    if (tid == 0) hptx::mbar_arrive_cluster(hptx::mapa_shared(sm.bar_dq_ready(stage, wg), hptx::cluster_ctarank() ^ 1));
+  }
+
+  // kPairExchange: once the other CTA's warpgroup wg has staged its dQ in `stage` too,
+  // adds its chunks 2r, 2r + 1 (r: this CTA's rank; 16 KB, 8 x 16 bytes a thread) to this
+  // CTA's. Returns their address, the box to reduce-add.
   __device__ __forceinline__ static uint32_t add_peer_dq(const BwdSmem<Tr>& sm, uint32_t dq_stage, int stage,
                                                          uint32_t phase, int wg, int tid) {
     const uint32_t rank = hptx::cluster_ctarank(), peer = rank ^ 1;
-    if (tid == 0) hptx::mbar_arrive_cluster(hptx::mapa_shared(sm.bar_dq_ready(stage, wg), peer));
     hptx::mbar_wait_cluster(sm.bar_dq_ready(stage, wg), phase);
     constexpr uint32_t kBytes = Tr::kDqAddChunks * kBlockM * 128;
     const uint32_t mine = dq_stage + rank * kBytes, theirs = hptx::mapa_shared(mine, peer);
@@ -178,6 +183,9 @@ struct BwdMainloopWide {
     Pipe pipe;
     int buf = 0;
     int pending_stage = -1;  // stage whose dQ reduce-add may still be reading it (thread 0)
+    // (kPairLate: that stage's dQ, not yet exchanged nor added: its staging, phase, rows, head)
+    uint32_t pending_dq = 0, pending_phase = 0;
+    int pending_q = 0, pending_head = 0;
     const int n_steps = tile.steps(args.group);
     int step = 0;
     // kSplit: each step's S^T goes out at the end of the step before (the first step's
@@ -214,6 +222,12 @@ struct BwdMainloopWide {
         const uint32_t stats = sm.stats(pipe.stage) + 4 * wg * kQCols;
         Base::template load_col_stats<kQCols>(lse_c, stats, t);
         Base::template load_col_stats<kQCols>(dps_c, stats + kBlockM * 4, t);
+        if constexpr (Tr::kPairLate) {  // (the step before's dQ, while this step's dP^T runs)
+          if (pending_stage >= 0) {
+            const uint32_t src = add_peer_dq(sm, pending_dq, pending_stage, pending_phase, wg, tid);
+            if (tid == 0) Base::add_dq(tm_dq, src, tile, args, pending_head, pending_q, wg, dq_view);
+          }
+        }
 
         // P^T, then dS^T, into this warpgroup's columns of the shared tiles.
         hptx::wgmma_wait<1>();
@@ -287,13 +301,28 @@ struct BwdMainloopWide {
         }
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
-        // (kPair: the other CTA's half of the columns added in; this CTA adds that half)
-        const uint32_t dq_src = Tr::kPairExchange ? add_peer_dq(sm, dq_stage, pipe.stage, pipe.phase, wg, tid) : dq_stage;
-        // (deterministic mode: one add per warpgroup per key block, disjoint columns)
-        if (tid == 0) Base::add_dq(tm_dq, dq_src, tile, args, head, q_base, wg, dq_view);
+        if constexpr (Tr::kPairExchange) signal_dq_staged(sm, pipe.stage, wg, tid);
+        if constexpr (Tr::kPairLate) {
+          pending_dq = dq_stage;
+          pending_phase = pipe.phase;
+          pending_q = q_base;
+          pending_head = head;
+        } else {
+          // (kPair: the other CTA's half of the columns added in; this CTA adds that half)
+          const uint32_t dq_src =
+              Tr::kPairExchange ? add_peer_dq(sm, dq_stage, pipe.stage, pipe.phase, wg, tid) : dq_stage;
+          // (deterministic mode: one add per warpgroup per key block, disjoint columns)
+          if (tid == 0) Base::add_dq(tm_dq, dq_src, tile, args, head, q_base, wg, dq_view);
+        }
         pending_stage = pipe.stage;
         pipe.advance();
         buf ^= 1;
+      }
+    }
+    if constexpr (Tr::kPairLate) {
+      if (pending_stage >= 0) {
+        const uint32_t src = add_peer_dq(sm, pending_dq, pending_stage, pending_phase, wg, tid);
+        if (tid == 0) Base::add_dq(tm_dq, src, tile, args, pending_head, pending_q, wg, dq_view);
       }
     }
     free_stage(sm, tid, pending_stage);

@@ -134,6 +134,13 @@ struct BwdTraits {
 #else
   static constexpr bool kPairExchange = kPair;
 #endif
+  // -DJAXATTN_EXP_BWD256_PAIR_LATE: the exchange of step m's dQ at step m + 1, after its
+  // dP^T is issued (the other CTA has staged by then unless it is half a step behind).
+#ifdef JAXATTN_EXP_BWD256_PAIR_LATE
+  static constexpr bool kPairLate = kPairExchange;
+#else
+  static constexpr bool kPairLate = false;
+#endif
   // Chunks of one Q / dO load and of one dQ reduce-add (kPair: each CTA's half).
   static constexpr int kLoadChunks = kPairMulticast ? kChunks / 2 : kChunks;
   static constexpr int kDqAddChunks = kPairExchange ? kDqChunks / 2 : kDqChunks;
