@@ -245,18 +245,24 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-// Spins until the phase with parity `parity` of the mbarrier has completed.
+// Spins until the phase with parity `parity` of the mbarrier has completed. kCluster:
+// with acquire at cluster scope, so what another CTA's threads wrote before their
+// mbar_arrive_cluster on it is visible afterwards.
+#define JAXATTN_MBAR_WAIT_ASM(SEM)                                  \
+  "{\n"                                                             \
+  ".reg .pred done;\n"                                              \
+  "WAIT_AGAIN:\n"                                                   \
+  "mbarrier.try_wait.parity" SEM ".shared::cta.b64 done, [%0], %1;\n" \
+  "@!done bra WAIT_AGAIN;\n"                                        \
+  "}\n"
+template <bool kCluster = false>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_AGAIN:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_AGAIN;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
+  if constexpr (kCluster)
+    asm volatile(JAXATTN_MBAR_WAIT_ASM(".acquire.cluster")::"r"(bar), "r"(parity) : "memory");
+  else
+    asm volatile(JAXATTN_MBAR_WAIT_ASM("")::"r"(bar), "r"(parity) : "memory");
 }
+#undef JAXATTN_MBAR_WAIT_ASM
 
 // ---- bulk tensor copies (TMA) ------------------------------------------------
 
@@ -391,19 +397,6 @@ __device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
 // mapa_shared), releasing this thread's prior memory accesses at cluster scope.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// mbar_wait with acquire at cluster scope: what the other CTA's arriving threads wrote
-// before their mbar_arrive_cluster is visible afterwards.
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_AGAIN:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_AGAIN;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
 }
 // Cluster-wide barrier of every thread of every CTA in the cluster (arrive, then wait).
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }

@@ -186,7 +186,7 @@ struct BwdMainloop {
           d[r] = q < T ? dps[q] : 0.f;
         }
         if constexpr (Tr::kPair)  // (freed by both CTAs' warpgroups)
-          hptx::mbar_wait_cluster(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
+          hptx::mbar_wait<true>(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
         else
           hptx::mbar_wait(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
         if (lane == 0) {

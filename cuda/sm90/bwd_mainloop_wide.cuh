@@ -139,7 +139,7 @@ struct BwdMainloopWide {
   __device__ __forceinline__ static uint32_t add_peer_dq(const BwdSmem<Tr>& sm, uint32_t dq_stage, int stage,
                                                          uint32_t phase, int wg, int tid) {
     const uint32_t rank = hptx::cluster_ctarank(), peer = rank ^ 1;
-    hptx::mbar_wait_cluster(sm.bar_dq_ready(stage, wg), phase);
+    hptx::mbar_wait<true>(sm.bar_dq_ready(stage, wg), phase);
     constexpr uint32_t kBytes = Tr::kDqAddChunks * kBlockM * 128;
     const uint32_t mine = dq_stage + rank * kBytes, theirs = hptx::mapa_shared(mine, peer);
     float4 v[kBytes / 16 / 128];
