@@ -393,6 +393,8 @@ __device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
   return r;
 }
+// The shared::cluster address of `addr` in the other CTA of a 2-CTA cluster.
+__device__ __forceinline__ uint32_t in_peer(uint32_t addr) { return mapa_shared(addr, cluster_ctarank() ^ 1); }
 // Arrives once on the mbarrier at shared::cluster address `bar` (another CTA's, from
 // mapa_shared), releasing this thread's prior memory accesses at cluster scope.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
@@ -405,14 +407,6 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 __device__ __forceinline__ float4 ld_shared_cluster_f32x4(uint32_t addr) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-__device__ __forceinline__ float4 ld_shared_f32x4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "r"(addr)
                : "memory");

@@ -46,6 +46,7 @@ __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   tile.key_first = tile.n_block * Tr::kBlockN;
   tile.key_end = tile.key_first + Tr::kBlockN;
   tile.q_shift = 0;
+  tile.m_rot = 0;
   // (kPair: both CTAs of a cluster walk the same query blocks, from the lower key block's.)
   const int first_block = Tr::kPair ? tile.n_block & ~1 : tile.n_block;
   tile.m_begin = kCausal ? (first_block * Tr::kBlockN) / Tr::kBlockM : 0;
@@ -67,6 +68,7 @@ __device__ __forceinline__ bool bwd_doc_tile_from_block(const BwdArgs& a, BwdTil
   tile.kv_head = blockIdx.y;
   tile.batch = blockIdx.z;
   tile.q_shift = 0;
+  tile.m_rot = 0;
   tile.m_begin = tile.m_end = 0;
   const int4* rec = cuda::doc_tile_records(a.attn.doc_tiles, tile.batch, a.seqlen_q);
   const int count = __ldg(&rec[0].x);
@@ -135,6 +137,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     if (!bwd_doc_tile_from_block<Tr>(args, tile, doc, doc_rows)) return;  // (uniform)
   } else {
     tile = bwd_tile_from_block<Tr, kCausal>(args);
+#ifdef JAXATTN_EXP_BWD_ROTATE
+    // (unmasked, non-causal, not deterministic: the ordered adds wait on key blocks in
+    // query-block order; pairs walk the same blocks in both CTAs)
+    if (!kCausal && !kMasked && !Tr::kPair && !args.dq_semaphore && tile.m_end > 0)
+      tile.m_rot = (tile.n_block * Tr::kBlockN / Tr::kBlockM) % tile.m_end;
+#endif
   }
   // (masked only) the call's MaskView and reduction scratch, in the dynamic window
   uint8_t* const smem = smem_raw + (sm.base - ptx::smem_addr(smem_raw));

@@ -176,7 +176,7 @@ struct BwdMainloop {
         // (The row recomputed from an opaque copy of m each step: ptxas otherwise keeps
         // strength-reduced 64-bit row pointers across steps and spills at 24 / 32
         // registers.)
-        const int q0 = tile.q_shift + ptx::opaque(m) * kBlockM + lane;
+        const int q0 = tile.q_row<kBlockM>(ptx::opaque(m)) + lane;
         constexpr int kLaneRows = kBlockM / 32;  // query rows per lane (lane + 32 r)
         float l[kLaneRows], d[kLaneRows];
 #pragma unroll

@@ -123,14 +123,14 @@ struct BwdMainloopWide {
     if (tid == 0 && stage >= 0) {
       hptx::bulk_wait_read0();
       hptx::mbar_arrive(sm.bar_q_empty(stage));
-      if constexpr (Tr::kPair) hptx::mbar_arrive_cluster(hptx::mapa_shared(sm.bar_q_empty(stage), hptx::cluster_ctarank() ^ 1));
+      if constexpr (Tr::kPair) hptx::mbar_arrive_cluster(hptx::in_peer(sm.bar_q_empty(stage)));
     }
   }
 
   // kPairExchange: tells the other CTA that warpgroup wg's dQ staging in `stage` is
   // written (after the warpgroup's barrier).
   __device__ __forceinline__ static void signal_dq_staged(const BwdSmem<Tr>& sm, int stage, int wg, int tid) {
-    if (tid == 0) hptx::mbar_arrive_cluster(hptx::mapa_shared(sm.bar_dq_ready(stage, wg), hptx::cluster_ctarank() ^ 1));
+    if (tid == 0) hptx::mbar_arrive_cluster(hptx::in_peer(sm.bar_dq_ready(stage, wg)));
   }
 
   // kPairExchange: once the other CTA's warpgroup wg has staged its dQ in `stage` too,
@@ -138,22 +138,34 @@ struct BwdMainloopWide {
   // CTA's. Returns their address, the box to reduce-add.
   __device__ __forceinline__ static uint32_t add_peer_dq(const BwdSmem<Tr>& sm, uint32_t dq_stage, int stage,
                                                          uint32_t phase, int wg, int tid) {
-    const uint32_t rank = hptx::cluster_ctarank(), peer = rank ^ 1;
     hptx::mbar_wait<true>(sm.bar_dq_ready(stage, wg), phase);
     constexpr uint32_t kBytes = Tr::kDqAddChunks * kBlockM * 128;
-    const uint32_t mine = dq_stage + rank * kBytes, theirs = hptx::mapa_shared(mine, peer);
+    const uint32_t mine = dq_stage + hptx::cluster_ctarank() * kBytes, theirs = hptx::in_peer(mine);
     float4 v[kBytes / 16 / 128];
 #pragma unroll
     for (int k = 0; k < kBytes / 16 / 128; ++k) v[k] = hptx::ld_shared_cluster_f32x4(theirs + 16 * (tid + 128 * k));
 #pragma unroll
     for (int k = 0; k < kBytes / 16 / 128; ++k) {
       const uint32_t a = mine + 16 * (tid + 128 * k);
-      const float4 u = hptx::ld_shared_f32x4(a);
-      hptx::st_shared_f32x4(a, make_float4(u.x + v[k].x, u.y + v[k].y, u.z + v[k].z, u.w + v[k].w));
+      const uint4 u = ptx::ld_shared_u32x4(a);
+      hptx::st_shared_f32x4(a, make_float4(__uint_as_float(u.x) + v[k].x, __uint_as_float(u.y) + v[k].y,
+                                           __uint_as_float(u.z) + v[k].z, __uint_as_float(u.w) + v[k].w));
     }
     hptx::fence_proxy_async_smem();
     hptx::named_bar_sync(2 + wg, 128);
     return mine;
+  }
+
+  // Warpgroup wg's dQ of rows q.. of `head`, staged at `dq_stage` (pipeline stage `stage`
+  // in `phase`), reduce-added into the accumulator by thread 0 (kPairExchange: the other
+  // CTA's half added in first, then only this CTA's half goes out).
+  __device__ __forceinline__ static void add_staged_dq(const CUtensorMap* tm_dq, const BwdSmem<Tr>& sm,
+                                                       uint32_t dq_stage, int stage, uint32_t phase,
+                                                       const BwdTile& tile, const BwdArgs& args, int head, int q,
+                                                       int wg, int tid, const MaskView* dq_view) {
+    const uint32_t src = Tr::kPairExchange ? add_peer_dq(sm, dq_stage, stage, phase, wg, tid) : dq_stage;
+    // (deterministic mode: one add per warpgroup per key block, disjoint columns)
+    if (tid == 0) Base::add_dq(tm_dq, src, tile, args, head, q, wg, dq_view);
   }
 
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
@@ -223,10 +235,9 @@ struct BwdMainloopWide {
         Base::template load_col_stats<kQCols>(lse_c, stats, t);
         Base::template load_col_stats<kQCols>(dps_c, stats + kBlockM * 4, t);
         if constexpr (Tr::kPairLate) {  // (the step before's dQ, while this step's dP^T runs)
-          if (pending_stage >= 0) {
-            const uint32_t src = add_peer_dq(sm, pending_dq, pending_stage, pending_phase, wg, tid);
-            if (tid == 0) Base::add_dq(tm_dq, src, tile, args, pending_head, pending_q, wg, dq_view);
-          }
+          if (pending_stage >= 0)
+            add_staged_dq(tm_dq, sm, pending_dq, pending_stage, pending_phase, tile, args, pending_head, pending_q,
+                          wg, tid, dq_view);
         }
 
         // P^T, then dS^T, into this warpgroup's columns of the shared tiles.
@@ -308,11 +319,7 @@ struct BwdMainloopWide {
           pending_q = q_base;
           pending_head = head;
         } else {
-          // (kPair: the other CTA's half of the columns added in; this CTA adds that half)
-          const uint32_t dq_src =
-              Tr::kPairExchange ? add_peer_dq(sm, dq_stage, pipe.stage, pipe.phase, wg, tid) : dq_stage;
-          // (deterministic mode: one add per warpgroup per key block, disjoint columns)
-          if (tid == 0) Base::add_dq(tm_dq, dq_src, tile, args, head, q_base, wg, dq_view);
+          add_staged_dq(tm_dq, sm, dq_stage, pipe.stage, pipe.phase, tile, args, head, q_base, wg, tid, dq_view);
         }
         pending_stage = pipe.stage;
         pipe.advance();
@@ -320,10 +327,9 @@ struct BwdMainloopWide {
       }
     }
     if constexpr (Tr::kPairLate) {
-      if (pending_stage >= 0) {
-        const uint32_t src = add_peer_dq(sm, pending_dq, pending_stage, pending_phase, wg, tid);
-        if (tid == 0) Base::add_dq(tm_dq, src, tile, args, pending_head, pending_q, wg, dq_view);
-      }
+      if (pending_stage >= 0)
+        add_staged_dq(tm_dq, sm, pending_dq, pending_stage, pending_phase, tile, args, pending_head, pending_q, wg,
+                      tid, dq_view);
     }
     free_stage(sm, tid, pending_stage);
   }

@@ -277,9 +277,21 @@ struct BwdTile {
   int n_block, kv_head, batch;
   int key_first, key_end;
   int m_begin, m_end, q_shift;
+  // (experiment -DJAXATTN_EXP_BWD_ROTATE) step m of [m_begin, m_end) runs query block
+  // m + m_rot, wrapped into the range: CTAs of neighbouring key blocks then add their dQ
+  // into different rows at any moment instead of all into the same block.
+  int m_rot;
   __device__ __forceinline__ int steps(int group) const { return (m_end - m_begin) * group; }
   template <int kBlockM>
-  __device__ __forceinline__ int q_row(int m) const { return q_shift + m * kBlockM; }
+  __device__ __forceinline__ int q_row(int m) const {
+#ifdef JAXATTN_EXP_BWD_ROTATE
+    int r = m + m_rot;
+    if (r >= m_end) r -= m_end - m_begin;
+    return q_shift + r * kBlockM;
+#else
+    return q_shift + m * kBlockM;
+#endif
+  }
 };
 
 }  // namespace jaxattn::sm90
