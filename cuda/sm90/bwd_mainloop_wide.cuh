@@ -44,6 +44,15 @@
 #define JAXATTN_EXP_BWD256_EARLY_ST 1
 #endif
 
+// (Experiment) the unmasked kernels' dQ added from registers with red.global.add.v2.f32
+// (2) or, after one exchange with the neighbouring lane, .v4.f32 (4), instead of staged
+// over the step's Q / dO and added by one TMA reduce: the stage goes back to the producer
+// as soon as dV / dK have read it. Not ordered, so not for deterministic calls (their
+// check fails under this switch). 0: off.
+#ifndef JAXATTN_EXP_BWD256_RED_DQ
+#define JAXATTN_EXP_BWD256_RED_DQ 0
+#endif
+
 namespace jaxattn::sm90 {
 
 template <class Tr>
@@ -168,6 +177,44 @@ struct BwdMainloopWide {
     if (tid == 0) Base::add_dq(tm_dq, src, tile, args, head, q, wg, dq_view);
   }
 
+  // JAXATTN_EXP_BWD256_RED_DQ: adds a dQ accumulator (64 queries x kCols, wgmma layout:
+  // acc[4 j + 2 h + e] at row 16 warp + g + 8 h, column 8 j + 2 t + e) into dq_accum
+  // rows from `row` (this thread's first, `rows_left` of them before T; stride
+  // `row_stride` floats), columns from `col0`.
+  template <int kCols>
+  __device__ __forceinline__ static void red_dq(const float (&acc)[kCols / 2], float* row, int64_t row_stride,
+                                                int rows_left, int col0, int t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (8 * h >= rows_left) break;
+      float* const r = row + 8 * h * row_stride + col0;
+#if JAXATTN_EXP_BWD256_RED_DQ == 4
+      // Lanes t, t ^ 1 swap one pair per two column groups: even t then holds columns
+      // 8 j0 + 2 t .. + 3 of group j0 = 2 i, odd t columns 8 j1 + 2 t - 2 .. + 1 of j1.
+      const bool odd = t & 1;
+#pragma unroll
+      for (int i = 0; i < kCols / 16; ++i) {
+        const int j0 = 2 * i, j1 = 2 * i + 1;
+        const float sx = odd ? acc[4 * j0 + 2 * h] : acc[4 * j1 + 2 * h];
+        const float sy = odd ? acc[4 * j0 + 2 * h + 1] : acc[4 * j1 + 2 * h + 1];
+        const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
+        float* const a = r + (odd ? 8 * j1 + 2 * t - 2 : 8 * j0 + 2 * t);
+        const float x0 = odd ? rx : acc[4 * j0 + 2 * h], y0 = odd ? ry : acc[4 * j0 + 2 * h + 1];
+        const float x1 = odd ? acc[4 * j1 + 2 * h] : rx, y1 = odd ? acc[4 * j1 + 2 * h + 1] : ry;
+        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(x0), "f"(y0), "f"(x1),
+                     "f"(y1)
+                     : "memory");
+      }
+#else
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j)
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(r + 8 * j + 2 * t), "f"(acc[4 * j + 2 * h]),
+                     "f"(acc[4 * j + 2 * h + 1])
+                     : "memory");
+#endif
+    }
+  }
+
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
   // kMasked: as BwdMainloop::consume.
   template <bool kCausal, bool kMasked = false>
@@ -185,6 +232,7 @@ struct BwdMainloopWide {
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
     constexpr bool kSplit = Tr::kWideSplitDq && !kMasked;
+    constexpr bool kRed = kSplit && !Tr::kPair && JAXATTN_EXP_BWD256_RED_DQ != 0;
     constexpr int kDqCols = kSplit ? kHalf / 2 : kHalf;  // columns of one dQ accumulator
     float s[kSRegs], dp[kSRegs], dq[kDqCols / 2], dq_b[kSplit ? kDqCols / 2 : 1];
     uint32_t pk[kSRegs / 2];
@@ -281,7 +329,11 @@ struct BwdMainloopWide {
         hptx::wgmma_wait<kSplit ? 2 : 1>();
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
-        hptx::named_bar_sync(1, 256);
+        if constexpr (kRed) {  // (nothing is staged over Q / dO: the stage is free now)
+          if (tid == 0) hptx::mbar_arrive(sm.bar_q_empty(pipe.stage));
+        } else {
+          hptx::named_bar_sync(1, 256);
+        }
         constexpr bool kEarlySt = kSplit && (JAXATTN_EXP_BWD256_EARLY_ST == 2 || (JAXATTN_EXP_BWD256_EARLY_ST == 1 && !kCausal));
         Pipe next = pipe;  // (kSplit: the stage of the S^T issued in this tail)
         next.advance();
@@ -292,6 +344,22 @@ struct BwdMainloopWide {
           hptx::wgmma_wait<kSplit ? 1 : 0>();
         }
         hptx::reg_fence_array(dq);
+        if constexpr (kRed) {
+          const int q_row0 = q_base + warp * 16 + g;
+          float* const dq_row = args.attn.dq_accum +
+                                (((int64_t)tile.batch * args.seqlen_q + q_row0) * args.num_heads + head) * kHeadDim;
+          const int64_t dq_stride = (int64_t)args.num_heads * kHeadDim;
+          red_dq<kDqCols>(dq, dq_row, dq_stride, args.seqlen_q - q_row0, wg * kHalf, t);
+          if constexpr (!kEarlySt) issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);
+          hptx::wgmma_wait<1>();
+          hptx::reg_fence_array(dq_b);
+          red_dq<kDqCols>(dq_b, dq_row, dq_stride, args.seqlen_q - q_row0, wg * kHalf + kDqCols, t);
+          hptx::wgmma_wait<0>();
+          hptx::reg_fence_array(s);
+          pipe.advance();
+          buf ^= 1;
+          continue;
+        }
         const uint32_t dq_stage = wg == 0 ? q_tile : do_tile;
         // (kSplit: the stores without bank conflicts, kSpread: +0.5-3% non-causal and
         // what made the split pay causal, session 27 run 3; the masked kernels keep the
