@@ -245,24 +245,18 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-// Spins until the phase with parity `parity` of the mbarrier has completed. kCluster:
-// with acquire at cluster scope, so what another CTA's threads wrote before their
-// mbar_arrive_cluster on it is visible afterwards.
-#define JAXATTN_MBAR_WAIT_ASM(SEM)                                  \
-  "{\n"                                                             \
-  ".reg .pred done;\n"                                              \
-  "WAIT_AGAIN:\n"                                                   \
-  "mbarrier.try_wait.parity" SEM ".shared::cta.b64 done, [%0], %1;\n" \
-  "@!done bra WAIT_AGAIN;\n"                                        \
-  "}\n"
-template <bool kCluster = false>
+// Spins until the phase with parity `parity` of the mbarrier has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  if constexpr (kCluster)
-    asm volatile(JAXATTN_MBAR_WAIT_ASM(".acquire.cluster")::"r"(bar), "r"(parity) : "memory");
-  else
-    asm volatile(JAXATTN_MBAR_WAIT_ASM("")::"r"(bar), "r"(parity) : "memory");
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_AGAIN:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_AGAIN;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
 }
-#undef JAXATTN_MBAR_WAIT_ASM
 
 // ---- bulk tensor copies (TMA) ------------------------------------------------
 
@@ -376,56 +370,6 @@ __device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
 // Arrives at named barrier `id` without waiting (the producer side of a bar.sync).
 __device__ __forceinline__ void named_bar_arrive(int id, int nthreads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
-}
-
-// ---- thread-block clusters ----------------------------------------------------
-
-// This CTA's rank in its cluster.
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// The shared::cluster address of `addr` (a shared::cta address of this CTA's window) in
-// the CTA of rank `rank`.
-__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-// The shared::cluster address of `addr` in the other CTA of a 2-CTA cluster.
-__device__ __forceinline__ uint32_t in_peer(uint32_t addr) { return mapa_shared(addr, cluster_ctarank() ^ 1); }
-// Arrives once on the mbarrier at shared::cluster address `bar` (another CTA's, from
-// mapa_shared), releasing this thread's prior memory accesses at cluster scope.
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Cluster-wide barrier of every thread of every CTA in the cluster (arrive, then wait).
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
-// 16 bytes of another CTA's shared memory (shared::cluster address, 16-byte aligned).
-__device__ __forceinline__ float4 ld_shared_cluster_f32x4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_shared_f32x4(uint32_t addr, float4 v) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-               : "memory");
-}
-// tma_load_5d_hint multicast: the box lands at `dst` in every CTA of the cluster named
-// in `cta_mask`, and completes its bytes on the mbarrier at the same offset in each.
-__device__ __forceinline__ void tma_load_5d_multicast_hint(uint32_t dst, const void* tmap, uint32_t bar, int c0,
-                                                           int c1, int c2, int c3, int c4, uint16_t cta_mask,
-                                                           uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      ".L2::cache_hint [%0], [%1, {%3, %4, %5, %6, %7}], [%2], %8, %9;\n" ::"r"(dst),
-      "l"(tmap), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "h"(cta_mask), "l"(policy)
-      : "memory");
 }
 
 }  // namespace jaxattn::hptx

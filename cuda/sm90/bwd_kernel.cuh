@@ -46,10 +46,7 @@ __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   tile.key_first = tile.n_block * Tr::kBlockN;
   tile.key_end = tile.key_first + Tr::kBlockN;
   tile.q_shift = 0;
-  tile.m_rot = 0;
-  // (kPair: both CTAs of a cluster walk the same query blocks, from the lower key block's.)
-  const int first_block = Tr::kPair ? tile.n_block & ~1 : tile.n_block;
-  tile.m_begin = kCausal ? (first_block * Tr::kBlockN) / Tr::kBlockM : 0;
+  tile.m_begin = kCausal ? (tile.n_block * Tr::kBlockN) / Tr::kBlockM : 0;
   tile.m_end = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   if (tile.m_begin > tile.m_end) tile.m_begin = tile.m_end;
   return tile;
@@ -68,7 +65,6 @@ __device__ __forceinline__ bool bwd_doc_tile_from_block(const BwdArgs& a, BwdTil
   tile.kv_head = blockIdx.y;
   tile.batch = blockIdx.z;
   tile.q_shift = 0;
-  tile.m_rot = 0;
   tile.m_begin = tile.m_end = 0;
   const int4* rec = cuda::doc_tile_records(a.attn.doc_tiles, tile.batch, a.seqlen_q);
   const int count = __ldg(&rec[0].x);
@@ -129,7 +125,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
   const BwdArgs& args = params.args;
   static_assert(!kDoc || (kMasked && !Tr::kWide && Tr::kBlockN == cuda::kDocTileRows), "document tiles");
   static_assert(!Tr::kRows || !kMasked, "row steps: unmasked calls only");
-  static_assert(!Tr::kPair || !kMasked, "pairs: unmasked calls only");
   BwdTile tile;
   bool doc = false;
   int2 doc_rows = make_int2(0, 0);
@@ -137,12 +132,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     if (!bwd_doc_tile_from_block<Tr>(args, tile, doc, doc_rows)) return;  // (uniform)
   } else {
     tile = bwd_tile_from_block<Tr, kCausal>(args);
-#ifdef JAXATTN_EXP_BWD_ROTATE
-    // (unmasked, non-causal, not deterministic: the ordered adds wait on key blocks in
-    // query-block order; pairs walk the same blocks in both CTAs)
-    if (!kCausal && !kMasked && !Tr::kPair && !args.dq_semaphore && tile.m_end > 0)
-      tile.m_rot = (tile.n_block * Tr::kBlockN / Tr::kBlockM) % tile.m_end;
-#endif
   }
   // (masked only) the call's MaskView and reduction scratch, in the dynamic window
   uint8_t* const smem = smem_raw + (sm.base - ptx::smem_addr(smem_raw));
@@ -168,12 +157,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
         hptx::mbar_init(sm.bar_dq_empty(wg), 1);
       }
     }
-    if constexpr (Tr::kPair) {
-#pragma unroll
-      for (int s = 0; s < Tr::kStages; ++s)
-#pragma unroll
-        for (int wg = 0; wg < Tr::kConsumerWarpgroups; ++wg) hptx::mbar_init(sm.bar_dq_ready(s, wg), 1);
-    }
     if constexpr (Tr::kSkewDq) {
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
@@ -193,12 +176,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     const MaskView view = bwd_mask_tile<Tr>(tile, args, mask_red, doc, doc_rows);
     if (threadIdx.x == 32) mask_view = view;
   }
-  if constexpr (Tr::kPair) {  // (the other CTA's barriers are initialised before any use)
-    hptx::cluster_arrive();
-    hptx::cluster_wait();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   if (warpgroup == 0) {
     hptx::setmaxnreg_dec<Tr::kProducerRegs>();
@@ -228,10 +206,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
       BwdMainloop<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
                                                           &mask_view, dq_view);
     BwdEpilogue<Tr>::template store<kDoc>(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);
-  }
-  if constexpr (Tr::kPair) {  // (no CTA leaves while the other may still touch its shared memory)
-    hptx::cluster_arrive();
-    hptx::cluster_wait();
   }
 }
 

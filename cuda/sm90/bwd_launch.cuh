@@ -45,14 +45,14 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
       e = make_tmap_bshd(m, base, p.dtype, p.batch, rows, heads, kHeadDim, bs, rs, hs, box_rows, box_chunks);
   };
   const int T = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, K = p.num_heads_k;
-  map16(&kp.tm_q, p.q, T, N, p.q_batch_stride, p.q_row_stride, p.q_head_stride, Tr::kBlockM, Tr::kLoadChunks);
-  map16(&kp.tm_do, p.dout, T, N, p.o_batch_stride, p.o_row_stride, p.o_head_stride, Tr::kBlockM, Tr::kLoadChunks);
+  map16(&kp.tm_q, p.q, T, N, p.q_batch_stride, p.q_row_stride, p.q_head_stride, Tr::kBlockM, Tr::kChunks);
+  map16(&kp.tm_do, p.dout, T, N, p.o_batch_stride, p.o_row_stride, p.o_head_stride, Tr::kBlockM, Tr::kChunks);
   map16(&kp.tm_k, p.k, S, K, p.k_batch_stride, p.k_row_stride, p.k_head_stride, Tr::kBlockN, Tr::kChunks);
   map16(&kp.tm_v, p.v, S, K, p.v_batch_stride, p.v_row_stride, p.v_head_stride, Tr::kBlockN, Tr::kChunks);
   map16(&kp.tm_dk, p.dk, S, K, p.k_batch_stride, p.k_row_stride, p.k_head_stride, 64, 1);
   map16(&kp.tm_dv, p.dv, S, K, p.v_batch_stride, p.v_row_stride, p.v_head_stride, 64, 1);
   if (e == cudaSuccess)
-    e = make_tmap_bshd_f32(&kp.tm_dq, p.dq_accum, p.batch, T, N, kHeadDim, Tr::kDqRows, Tr::kDqAddChunks);
+    e = make_tmap_bshd_f32(&kp.tm_dq, p.dq_accum, p.batch, T, N, kHeadDim, Tr::kDqRows, Tr::kDqChunks);
   if (e != cudaSuccess) return {e, "flash_bwd_sm90 (cuTensorMapEncodeTiled)"};
 
   kp.args.lse = p.lse;
@@ -78,10 +78,7 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
   const bool doc_tiles =
       !Tr::kWide && !Tr::kRows && p.has_masks() && !p.deterministic && doc_tiles_apply(p, Tr::kBlockN);
   void (*kernel)(const BwdParams) = nullptr;
-  if constexpr (Tr::kPair) {
-    if (p.has_masks() || p.deterministic) return {cudaErrorInvalidValue, "flash_bwd_sm90 (pairs: unmasked only)"};
-    kernel = p.is_causal ? flash_bwd_sm90_kernel<Tr, true> : flash_bwd_sm90_kernel<Tr, false>;
-  } else if constexpr (Tr::kRows) {
+  if constexpr (Tr::kRows) {
     if (p.has_masks() || p.deterministic) return {cudaErrorInvalidValue, "flash_bwd_sm90 (row steps: unmasked only)"};
 #ifdef JAXATTN_EXP_BWD64_ROWS
     kernel = p.is_causal ? flash_bwd_sm90_kernel<Tr, true> : flash_bwd_sm90_kernel<Tr, false>;
@@ -104,27 +101,7 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
     if (e != cudaSuccess) return {e, "build_doc_tiles"};
     grid.x = cuda::doc_tile_capacity(S);
   }
-  if constexpr (Tr::kPair) {
-    // Clusters of two along the key blocks (an odd count gets one CTA past S: its keys
-    // are all masked and it stores nothing).
-    grid.x = (grid.x + 1) & ~1u;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(Tr::kThreads);
-    cfg.dynamicSmemBytes = Tr::kSmemBytes;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    e = cudaLaunchKernelEx(&cfg, kernel, kp);
-    if (e != cudaSuccess) return {e, name};
-  } else {
-    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
-  }
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
   e = cudaGetLastError();
   if (e != cudaSuccess) return {e, name};
 
@@ -135,13 +112,6 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant variant) {
   const bool plain_causal = p.is_causal && !p.has_masks();
-#ifdef JAXATTN_EXP_BWD256_PAIR
-  // (Experiment: the default at head dim 256 for unmasked, non-deterministic calls.)
-  if constexpr (kHeadDim == 256) {
-    if (variant == BwdVariant::kDefault && !p.has_masks() && !p.deterministic)
-      return launch_bwd<BwdTraits<kHeadDim, Elem, false, false, true>>(p, stream);
-  }
-#endif
   if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim, plain_causal);
   if constexpr (kHeadDim == 64) {
     // 128-query steps: unmasked, non-deterministic, causal calls (non-causal too with the

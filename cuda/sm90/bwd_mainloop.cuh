@@ -176,7 +176,7 @@ struct BwdMainloop {
         // (The row recomputed from an opaque copy of m each step: ptxas otherwise keeps
         // strength-reduced 64-bit row pointers across steps and spills at 24 / 32
         // registers.)
-        const int q0 = tile.q_row<kBlockM>(ptx::opaque(m)) + lane;
+        const int q0 = tile.q_shift + ptx::opaque(m) * kBlockM + lane;
         constexpr int kLaneRows = kBlockM / 32;  // query rows per lane (lane + 32 r)
         float l[kLaneRows], d[kLaneRows];
 #pragma unroll
@@ -185,29 +185,15 @@ struct BwdMainloop {
           l[r] = q < T ? lse[(int64_t)q * N] : -INFINITY;
           d[r] = q < T ? dps[q] : 0.f;
         }
-        if constexpr (Tr::kPair)  // (freed by both CTAs' warpgroups)
-          hptx::mbar_wait<true>(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
-        else
-          hptx::mbar_wait(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
+        hptx::mbar_wait(sm.bar_q_empty(pipe.stage), pipe.phase ^ 1);
         if (lane == 0) {
 #ifdef JAXATTN_EXP_NO_DO_LOAD  // timing experiment only: dO never loaded (half the ring's traffic)
           hptx::mbar_arrive_expect_tx(sm.bar_q_full(pipe.stage), Tr::kQBytes);
           load_tile<true>(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), q0 - lane, head, tile.batch);
 #else
           hptx::mbar_arrive_expect_tx(sm.bar_q_full(pipe.stage), 2 * Tr::kQBytes);
-          if constexpr (Tr::kPairMulticast) {
-            // This CTA's half of the chunks, into both CTAs (the other CTA loads the rest).
-            const int r = (int)hptx::cluster_ctarank();
-            const uint32_t off = r * Tr::kLoadChunks * kBlockM * 128;
-            const uint64_t keep = hptx::l2_policy_evict_last();
-            hptx::tma_load_5d_multicast_hint(sm.q(pipe.stage) + off, tm_q, sm.bar_q_full(pipe.stage), 0, q0 - lane,
-                                             r * Tr::kLoadChunks, head, tile.batch, 0x3, keep);
-            hptx::tma_load_5d_multicast_hint(sm.dout(pipe.stage) + off, tm_do, sm.bar_q_full(pipe.stage), 0,
-                                             q0 - lane, r * Tr::kLoadChunks, head, tile.batch, 0x3, keep);
-          } else {
-            load_tile<true>(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), q0 - lane, head, tile.batch);
-            load_tile<true>(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), q0 - lane, head, tile.batch);
-          }
+          load_tile<true>(sm.q(pipe.stage), tm_q, sm.bar_q_full(pipe.stage), q0 - lane, head, tile.batch);
+          load_tile<true>(sm.dout(pipe.stage), tm_do, sm.bar_q_full(pipe.stage), q0 - lane, head, tile.batch);
 #endif
         }
         const uint32_t st = sm.stats(pipe.stage) + 4 * lane;
@@ -261,9 +247,7 @@ struct BwdMainloop {
     if constexpr (Tr::kRows) {
       if (q_base + 64 * wg < args.seqlen_q) reduce_add_tile(tm_dq, stage, q_base + 64 * wg, 0, head, tile.batch);
     } else {
-      // (kPair: this CTA's half of the warpgroup's columns, rank r: chunks 2r, 2r + 1)
-      const int chunk = wg * Tr::kDqChunks + (Tr::kPairExchange ? (int)hptx::cluster_ctarank() * Tr::kDqAddChunks : 0);
-      reduce_add_tile(tm_dq, stage, q_base, chunk, head, tile.batch);
+      reduce_add_tile(tm_dq, stage, q_base, wg * Tr::kDqChunks, head, tile.batch);
     }
 #endif
     hptx::bulk_commit();

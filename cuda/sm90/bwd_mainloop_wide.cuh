@@ -44,15 +44,6 @@
 #define JAXATTN_EXP_BWD256_EARLY_ST 1
 #endif
 
-// (Experiment) the unmasked kernels' dQ added from registers with red.global.add.v2.f32
-// (2) or, after one exchange with the neighbouring lane, .v4.f32 (4), instead of staged
-// over the step's Q / dO and added by one TMA reduce: the stage goes back to the producer
-// as soon as dV / dK have read it. Not ordered, so not for deterministic calls (their
-// check fails under this switch). 0: off.
-#ifndef JAXATTN_EXP_BWD256_RED_DQ
-#define JAXATTN_EXP_BWD256_RED_DQ 0
-#endif
-
 namespace jaxattn::sm90 {
 
 template <class Tr>
@@ -127,91 +118,10 @@ struct BwdMainloopWide {
 
   // Thread 0 of a warpgroup: once the reduce-add it issued from stage `stage`'s dQ
   // staging has read it, the stage goes back to the producer (none: stage < 0).
-  // (kPair: on both CTAs' barriers; this warpgroup has also read the other CTA's staging.)
   __device__ __forceinline__ static void free_stage(const BwdSmem<Tr>& sm, int tid, int stage) {
     if (tid == 0 && stage >= 0) {
       hptx::bulk_wait_read0();
       hptx::mbar_arrive(sm.bar_q_empty(stage));
-      if constexpr (Tr::kPair) hptx::mbar_arrive_cluster(hptx::in_peer(sm.bar_q_empty(stage)));
-    }
-  }
-
-  // kPairExchange: tells the other CTA that warpgroup wg's dQ staging in `stage` is
-  // written (after the warpgroup's barrier).
-  __device__ __forceinline__ static void signal_dq_staged(const BwdSmem<Tr>& sm, int stage, int wg, int tid) {
-    if (tid == 0) hptx::mbar_arrive_cluster(hptx::in_peer(sm.bar_dq_ready(stage, wg)));
-  }
-
-  // kPairExchange: once the other CTA's warpgroup wg has staged its dQ in `stage` too,
-  // adds its chunks 2r, 2r + 1 (r: this CTA's rank; 16 KB, 8 x 16 bytes a thread) to this
-  // CTA's. Returns their address, the box to reduce-add.
-  __device__ __forceinline__ static uint32_t add_peer_dq(const BwdSmem<Tr>& sm, uint32_t dq_stage, int stage,
-                                                         uint32_t phase, int wg, int tid) {
-    hptx::mbar_wait<true>(sm.bar_dq_ready(stage, wg), phase);
-    constexpr uint32_t kBytes = Tr::kDqAddChunks * kBlockM * 128;
-    const uint32_t mine = dq_stage + hptx::cluster_ctarank() * kBytes, theirs = hptx::in_peer(mine);
-    float4 v[kBytes / 16 / 128];
-#pragma unroll
-    for (int k = 0; k < kBytes / 16 / 128; ++k) v[k] = hptx::ld_shared_cluster_f32x4(theirs + 16 * (tid + 128 * k));
-#pragma unroll
-    for (int k = 0; k < kBytes / 16 / 128; ++k) {
-      const uint32_t a = mine + 16 * (tid + 128 * k);
-      const uint4 u = ptx::ld_shared_u32x4(a);
-      hptx::st_shared_f32x4(a, make_float4(__uint_as_float(u.x) + v[k].x, __uint_as_float(u.y) + v[k].y,
-                                           __uint_as_float(u.z) + v[k].z, __uint_as_float(u.w) + v[k].w));
-    }
-    hptx::fence_proxy_async_smem();
-    hptx::named_bar_sync(2 + wg, 128);
-    return mine;
-  }
-
-  // Warpgroup wg's dQ of rows q.. of `head`, staged at `dq_stage` (pipeline stage `stage`
-  // in `phase`), reduce-added into the accumulator by thread 0 (kPairExchange: the other
-  // CTA's half added in first, then only this CTA's half goes out).
-  __device__ __forceinline__ static void add_staged_dq(const CUtensorMap* tm_dq, const BwdSmem<Tr>& sm,
-                                                       uint32_t dq_stage, int stage, uint32_t phase,
-                                                       const BwdTile& tile, const BwdArgs& args, int head, int q,
-                                                       int wg, int tid, const MaskView* dq_view) {
-    const uint32_t src = Tr::kPairExchange ? add_peer_dq(sm, dq_stage, stage, phase, wg, tid) : dq_stage;
-    // (deterministic mode: one add per warpgroup per key block, disjoint columns)
-    if (tid == 0) Base::add_dq(tm_dq, src, tile, args, head, q, wg, dq_view);
-  }
-
-  // JAXATTN_EXP_BWD256_RED_DQ: adds a dQ accumulator (64 queries x kCols, wgmma layout:
-  // acc[4 j + 2 h + e] at row 16 warp + g + 8 h, column 8 j + 2 t + e) into dq_accum
-  // rows from `row` (this thread's first, `rows_left` of them before T; stride
-  // `row_stride` floats), columns from `col0`.
-  template <int kCols>
-  __device__ __forceinline__ static void red_dq(const float (&acc)[kCols / 2], float* row, int64_t row_stride,
-                                                int rows_left, int col0, int t) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (8 * h >= rows_left) break;
-      float* const r = row + 8 * h * row_stride + col0;
-#if JAXATTN_EXP_BWD256_RED_DQ == 4
-      // Lanes t, t ^ 1 swap one pair per two column groups: even t then holds columns
-      // 8 j0 + 2 t .. + 3 of group j0 = 2 i, odd t columns 8 j1 + 2 t - 2 .. + 1 of j1.
-      const bool odd = t & 1;
-#pragma unroll
-      for (int i = 0; i < kCols / 16; ++i) {
-        const int j0 = 2 * i, j1 = 2 * i + 1;
-        const float sx = odd ? acc[4 * j0 + 2 * h] : acc[4 * j1 + 2 * h];
-        const float sy = odd ? acc[4 * j0 + 2 * h + 1] : acc[4 * j1 + 2 * h + 1];
-        const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
-        float* const a = r + (odd ? 8 * j1 + 2 * t - 2 : 8 * j0 + 2 * t);
-        const float x0 = odd ? rx : acc[4 * j0 + 2 * h], y0 = odd ? ry : acc[4 * j0 + 2 * h + 1];
-        const float x1 = odd ? acc[4 * j1 + 2 * h] : rx, y1 = odd ? acc[4 * j1 + 2 * h + 1] : ry;
-        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(x0), "f"(y0), "f"(x1),
-                     "f"(y1)
-                     : "memory");
-      }
-#else
-#pragma unroll
-      for (int j = 0; j < kCols / 8; ++j)
-        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(r + 8 * j + 2 * t), "f"(acc[4 * j + 2 * h]),
-                     "f"(acc[4 * j + 2 * h + 1])
-                     : "memory");
-#endif
     }
   }
 
@@ -232,7 +142,6 @@ struct BwdMainloopWide {
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
     constexpr bool kSplit = Tr::kWideSplitDq && !kMasked;
-    constexpr bool kRed = kSplit && !Tr::kPair && JAXATTN_EXP_BWD256_RED_DQ != 0;
     constexpr int kDqCols = kSplit ? kHalf / 2 : kHalf;  // columns of one dQ accumulator
     float s[kSRegs], dp[kSRegs], dq[kDqCols / 2], dq_b[kSplit ? kDqCols / 2 : 1];
     uint32_t pk[kSRegs / 2];
@@ -243,9 +152,6 @@ struct BwdMainloopWide {
     Pipe pipe;
     int buf = 0;
     int pending_stage = -1;  // stage whose dQ reduce-add may still be reading it (thread 0)
-    // (kPairLate: that stage's dQ, not yet exchanged nor added: its staging, phase, rows, head)
-    uint32_t pending_dq = 0, pending_phase = 0;
-    int pending_q = 0, pending_head = 0;
     const int n_steps = tile.steps(args.group);
     int step = 0;
     // kSplit: each step's S^T goes out at the end of the step before (the first step's
@@ -282,11 +188,6 @@ struct BwdMainloopWide {
         const uint32_t stats = sm.stats(pipe.stage) + 4 * wg * kQCols;
         Base::template load_col_stats<kQCols>(lse_c, stats, t);
         Base::template load_col_stats<kQCols>(dps_c, stats + kBlockM * 4, t);
-        if constexpr (Tr::kPairLate) {  // (the step before's dQ, while this step's dP^T runs)
-          if (pending_stage >= 0)
-            add_staged_dq(tm_dq, sm, pending_dq, pending_stage, pending_phase, tile, args, pending_head, pending_q,
-                          wg, tid, dq_view);
-        }
 
         // P^T, then dS^T, into this warpgroup's columns of the shared tiles.
         hptx::wgmma_wait<1>();
@@ -329,11 +230,7 @@ struct BwdMainloopWide {
         hptx::wgmma_wait<kSplit ? 2 : 1>();
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
-        if constexpr (kRed) {  // (nothing is staged over Q / dO: the stage is free now)
-          if (tid == 0) hptx::mbar_arrive(sm.bar_q_empty(pipe.stage));
-        } else {
-          hptx::named_bar_sync(1, 256);
-        }
+        hptx::named_bar_sync(1, 256);
         constexpr bool kEarlySt = kSplit && (JAXATTN_EXP_BWD256_EARLY_ST == 2 || (JAXATTN_EXP_BWD256_EARLY_ST == 1 && !kCausal));
         Pipe next = pipe;  // (kSplit: the stage of the S^T issued in this tail)
         next.advance();
@@ -344,22 +241,6 @@ struct BwdMainloopWide {
           hptx::wgmma_wait<kSplit ? 1 : 0>();
         }
         hptx::reg_fence_array(dq);
-        if constexpr (kRed) {
-          const int q_row0 = q_base + warp * 16 + g;
-          float* const dq_row = args.attn.dq_accum +
-                                (((int64_t)tile.batch * args.seqlen_q + q_row0) * args.num_heads + head) * kHeadDim;
-          const int64_t dq_stride = (int64_t)args.num_heads * kHeadDim;
-          red_dq<kDqCols>(dq, dq_row, dq_stride, args.seqlen_q - q_row0, wg * kHalf, t);
-          if constexpr (!kEarlySt) issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);
-          hptx::wgmma_wait<1>();
-          hptx::reg_fence_array(dq_b);
-          red_dq<kDqCols>(dq_b, dq_row, dq_stride, args.seqlen_q - q_row0, wg * kHalf + kDqCols, t);
-          hptx::wgmma_wait<0>();
-          hptx::reg_fence_array(s);
-          pipe.advance();
-          buf ^= 1;
-          continue;
-        }
         const uint32_t dq_stage = wg == 0 ? q_tile : do_tile;
         // (kSplit: the stores without bank conflicts, kSpread: +0.5-3% non-causal and
         // what made the split pay causal, session 27 run 3; the masked kernels keep the
@@ -380,24 +261,12 @@ struct BwdMainloopWide {
         }
         hptx::fence_proxy_async_smem();
         hptx::named_bar_sync(2 + wg, 128);
-        if constexpr (Tr::kPairExchange) signal_dq_staged(sm, pipe.stage, wg, tid);
-        if constexpr (Tr::kPairLate) {
-          pending_dq = dq_stage;
-          pending_phase = pipe.phase;
-          pending_q = q_base;
-          pending_head = head;
-        } else {
-          add_staged_dq(tm_dq, sm, dq_stage, pipe.stage, pipe.phase, tile, args, head, q_base, wg, tid, dq_view);
-        }
+        // (deterministic mode: one add per warpgroup per key block, disjoint columns)
+        if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg, dq_view);
         pending_stage = pipe.stage;
         pipe.advance();
         buf ^= 1;
       }
-    }
-    if constexpr (Tr::kPairLate) {
-      if (pending_stage >= 0)
-        add_staged_dq(tm_dq, sm, pending_dq, pending_stage, pending_phase, tile, args, pending_head, pending_q, wg,
-                      tid, dq_view);
     }
     free_stage(sm, tid, pending_stage);
   }

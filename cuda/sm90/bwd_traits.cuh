@@ -60,22 +60,12 @@ namespace jaxattn::sm90 {
 // CTA's 128 keys; P and dS [128 queries][128 keys] in shared memory (the dS^T area's two
 // slots: dS in 0, P in 1) for dV / dK of each warpgroup's 64 keys; dQ = dS K of its 64
 // rows with dS from registers, all 64 columns (staging [2 chunks][64 rows][32 floats]).
-// kPair (head dim 256, experiment -DJAXATTN_EXP_BWD256_PAIR; unmasked, not deterministic):
-// CTAs in clusters of two over adjacent key blocks, which walk the same query blocks in
-// step (causal: from the lower block's first): each CTA's producer loads half of every
-// Q / dO stage's chunks and multicasts them to both (a stage is refilled once both CTAs
-// have freed it: its empty barrier counts both CTAs' warpgroups), and each warpgroup,
-// after staging its dQ, adds the other CTA's staging of half of its columns to its own
-// (distributed shared memory) and reduce-adds only that half. Per CTA and step, L2
-// moves 32 KB of Q / dO and 32 KB of dQ instead of 64 and 64.
-template <int kHeadDim_, typename Elem_, bool kPingpong_ = false, bool kRows_ = false, bool kPair_ = false>
+template <int kHeadDim_, typename Elem_, bool kPingpong_ = false, bool kRows_ = false>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingpong = kPingpong_;
   static constexpr bool kRows = kRows_;
-  static constexpr bool kPair = kPair_;
-  static_assert(!kPair || kHeadDim == 256, "pairs: head dim 256");
   static_assert(!kPingpong || kHeadDim <= 128, "pingpong: the narrow (two 64-key warpgroups) tile");
   static_assert(!kRows || (kHeadDim == 64 && !kPingpong), "row steps: head dim 64, no pingpong");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
@@ -121,29 +111,6 @@ struct BwdTraits {
   static constexpr int kKvCols = kWide ? kHeadDim / 2 : kHeadDim;        // dK / dV columns per warpgroup
   static constexpr int kAccRegs = kKvCols / 2;                           // dK / dV floats per thread
   static constexpr int kDqChunks = kDqCols / 32;       // f32 chunks of them
-  // kPair's two halves, each switched off for timing by -DJAXATTN_EXP_BWD256_PAIR_NO_MULTICAST
-  // (each CTA loads its whole stages; they are still freed on both CTAs' barriers) and
-  // -DJAXATTN_EXP_BWD256_PAIR_NO_EXCHANGE (each CTA reduce-adds its whole dQ).
-#ifdef JAXATTN_EXP_BWD256_PAIR_NO_MULTICAST
-  static constexpr bool kPairMulticast = false;
-#else
-  static constexpr bool kPairMulticast = kPair;
-#endif
-#ifdef JAXATTN_EXP_BWD256_PAIR_NO_EXCHANGE
-  static constexpr bool kPairExchange = false;
-#else
-  static constexpr bool kPairExchange = kPair;
-#endif
-  // -DJAXATTN_EXP_BWD256_PAIR_LATE: the exchange of step m's dQ at step m + 1, after its
-  // dP^T is issued (the other CTA has staged by then unless it is half a step behind).
-#ifdef JAXATTN_EXP_BWD256_PAIR_LATE
-  static constexpr bool kPairLate = kPairExchange;
-#else
-  static constexpr bool kPairLate = false;
-#endif
-  // Chunks of one Q / dO load and of one dQ reduce-add (kPair: each CTA's half).
-  static constexpr int kLoadChunks = kPairMulticast ? kChunks / 2 : kChunks;
-  static constexpr int kDqAddChunks = kPairExchange ? kDqChunks / 2 : kDqChunks;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
@@ -185,12 +152,11 @@ struct BwdTraits {
   // released at the step's top (-5 to -12%), the causal kernel's descriptors by addition
   // (no change), warpgroups in roles (S^T / P^T in one, dP^T / dS^T in the other: -6 to -10%).
   static constexpr bool kWideSplitDq = kWide;
-  static constexpr int kNumBars = 1 + 2 * kStages + (kDqWarp ? 2 * kConsumerWarpgroups : 0) + (kSkewDq ? 4 : 0) +
-                                  (kPair ? kStages * kConsumerWarpgroups : 0);
+  static constexpr int kNumBars =
+      1 + 2 * kStages + (kDqWarp ? 2 * kConsumerWarpgroups : 0) + (kSkewDq ? 4 : 0);
   // Arrivals that free a Q / dO stage: one per consumer warp; wide: one per
   // warpgroup, after its dQ reduce-add has read the staging it put there.
-  // (kPair: both CTAs' warpgroups.)
-  static constexpr int kQEmptyArrivals = kWide ? kConsumerWarpgroups * (kPair ? 2 : 1) : 4 * kConsumerWarpgroups;
+  static constexpr int kQEmptyArrivals = kWide ? kConsumerWarpgroups : 4 * kConsumerWarpgroups;
   // Arrivals that fill one: lane 0 of the producer warp's expect_tx, then every lane's
   // after writing its rows' statistics.
   static constexpr int kQFullArrivals = 1 + 32;
@@ -260,11 +226,6 @@ struct BwdSmem {
     return bar_kv() + 8 * (1 + 2 * Tr::kStages + (Tr::kDqWarp ? 2 * Tr::kConsumerWarpgroups : 0) + b);
   }
   __device__ __forceinline__ uint32_t bar_ds_empty(int b) const { return bar_ds_full(b) + 16; }
-  // (Tr::kPair) the other CTA's warpgroup wg has staged its dQ in stage s (1 arrival,
-  // from the other CTA).
-  __device__ __forceinline__ uint32_t bar_dq_ready(int s, int wg) const {
-    return bar_kv() + 8 * (Tr::kNumBars - Tr::kStages * Tr::kConsumerWarpgroups + s * Tr::kConsumerWarpgroups + wg);
-  }
 };
 
 // The work of one CTA: the kBlockN keys from key_first of (batch, kv_head), of which
@@ -277,21 +238,9 @@ struct BwdTile {
   int n_block, kv_head, batch;
   int key_first, key_end;
   int m_begin, m_end, q_shift;
-  // (experiment -DJAXATTN_EXP_BWD_ROTATE) step m of [m_begin, m_end) runs query block
-  // m + m_rot, wrapped into the range: CTAs of neighbouring key blocks then add their dQ
-  // into different rows at any moment instead of all into the same block.
-  int m_rot;
   __device__ __forceinline__ int steps(int group) const { return (m_end - m_begin) * group; }
   template <int kBlockM>
-  __device__ __forceinline__ int q_row(int m) const {
-#ifdef JAXATTN_EXP_BWD_ROTATE
-    int r = m + m_rot;
-    if (r >= m_end) r -= m_end - m_begin;
-    return q_shift + r * kBlockM;
-#else
-    return q_shift + m * kBlockM;
-#endif
-  }
+  __device__ __forceinline__ int q_row(int m) const { return q_shift + m * kBlockM; }
 };
 
 }  // namespace jaxattn::sm90
