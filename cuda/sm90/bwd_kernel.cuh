@@ -46,6 +46,7 @@ __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   tile.key_first = tile.n_block * Tr::kBlockN;
   tile.key_end = tile.key_first + Tr::kBlockN;
   tile.q_shift = 0;
+  tile.m_rot = 0;
   tile.m_begin = kCausal ? (tile.n_block * Tr::kBlockN) / Tr::kBlockM : 0;
   tile.m_end = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   if (tile.m_begin > tile.m_end) tile.m_begin = tile.m_end;
@@ -65,6 +66,7 @@ __device__ __forceinline__ bool bwd_doc_tile_from_block(const BwdArgs& a, BwdTil
   tile.kv_head = blockIdx.y;
   tile.batch = blockIdx.z;
   tile.q_shift = 0;
+  tile.m_rot = 0;
   tile.m_begin = tile.m_end = 0;
   const int4* rec = cuda::doc_tile_records(a.attn.doc_tiles, tile.batch, a.seqlen_q);
   const int count = __ldg(&rec[0].x);
@@ -132,6 +134,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     if (!bwd_doc_tile_from_block<Tr>(args, tile, doc, doc_rows)) return;  // (uniform)
   } else {
     tile = bwd_tile_from_block<Tr, kCausal>(args);
+    if constexpr (Tr::kRotateQ && !kCausal && !kMasked) {
+      if (!args.dq_semaphore && tile.m_end > 0) tile.m_rot = (tile.n_block * Tr::kBlockN / Tr::kBlockM) % tile.m_end;
+    }
   }
   // (masked only) the call's MaskView and reduction scratch, in the dynamic window
   uint8_t* const smem = smem_raw + (sm.base - ptx::smem_addr(smem_raw));

@@ -176,7 +176,7 @@ struct BwdMainloop {
         // (The row recomputed from an opaque copy of m each step: ptxas otherwise keeps
         // strength-reduced 64-bit row pointers across steps and spills at 24 / 32
         // registers.)
-        const int q0 = tile.q_shift + ptx::opaque(m) * kBlockM + lane;
+        const int q0 = tile.q_row<Tr>(ptx::opaque(m)) + lane;
         constexpr int kLaneRows = kBlockM / 32;  // query rows per lane (lane + 32 r)
         float l[kLaneRows], d[kLaneRows];
 #pragma unroll
@@ -285,7 +285,7 @@ struct BwdMainloop {
 #pragma unroll
         for (int wg = 0; wg < Tr::kConsumerWarpgroups; ++wg) {
           hptx::mbar_wait(sm.bar_dq_full(wg), phase);
-          add_dq(tm_dq, sm.dq(wg), tile, args, head, tile.q_row<kBlockM>(m), wg, view, adds_first);
+          add_dq(tm_dq, sm.dq(wg), tile, args, head, tile.q_row<Tr>(m), wg, view, adds_first);
           hptx::bulk_wait_read0();
           hptx::mbar_arrive(sm.bar_dq_empty(wg));
         }
@@ -492,7 +492,7 @@ struct BwdMainloop {
     float s[kSRegs], dp[kSRegs], dq[kDqRegs];
     uint32_t p[kPRegs], ds[kPRegs];
     BwdStepMask<kMasked, kBlockM> mask(mask_view, args.attn, key0);
-    mask.begin(tile.m_begin < tile.m_end ? tile.q_row<kBlockM>(tile.m_begin) : -1);
+    mask.begin(tile.m_begin < tile.m_end ? tile.q_row<Tr>(tile.m_begin) : -1);
 
     hptx::mbar_wait(sm.bar_kv(), 0);
     // At head dim 64, S^T = K Q^T and dP^T = V dO^T take this warpgroup's K / V rows
@@ -515,7 +515,7 @@ struct BwdMainloop {
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
       for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
-        const int q_base = tile.q_row<kBlockM>(m);
+        const int q_base = tile.q_row<Tr>(m);
         const bool last_step = step == n_steps - 1;
 
         hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
@@ -528,7 +528,7 @@ struct BwdMainloop {
         hptx::wgmma_commit();
         pass_turn(wg);
         const int next_m = next_step_block(tile, args.group, hg, m);
-        mask.load_ids(next_m < 0 ? -1 : tile.q_row<kBlockM>(next_m), t);
+        mask.load_ids(next_m < 0 ? -1 : tile.q_row<Tr>(next_m), t);
         // The step's lse / D columns (shared loads): at head dim 64 in flight while S^T
         // finishes; at 128 (and masked) there are no registers to hold them that long:
         // lse once S^T is in (after its mask), D before waiting for dP^T.

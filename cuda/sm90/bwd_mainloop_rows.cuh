@@ -130,7 +130,7 @@ struct BwdMainloopRows {
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
       for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
-        const int q_base = tile.q_row<kBlockM>(m);
+        const int q_base = tile.q_row<Tr>(m);
         issue_step_scores(s, dp, sm, pipe.stage, pipe.phase, wg);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
         // This thread's two rows' lse (log2 domain; +inf past T) and D.

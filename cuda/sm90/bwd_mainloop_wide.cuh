@@ -146,7 +146,7 @@ struct BwdMainloopWide {
     float s[kSRegs], dp[kSRegs], dq[kDqCols / 2], dq_b[kSplit ? kDqCols / 2 : 1];
     uint32_t pk[kSRegs / 2];
     BwdStepMask<kMasked, kQCols> mask(mask_view, args.attn, key0);
-    mask.begin(tile.m_begin < tile.m_end ? tile.q_row<kBlockM>(tile.m_begin) + wg * kQCols : -1);
+    mask.begin(tile.m_begin < tile.m_end ? tile.q_row<Tr>(tile.m_begin) + wg * kQCols : -1);
 
     hptx::mbar_wait(sm.bar_kv(), 0);
     Pipe pipe;
@@ -165,7 +165,7 @@ struct BwdMainloopWide {
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
       for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
-        const int q_base = tile.q_row<kBlockM>(m), q0 = q_base + wg * kQCols;
+        const int q_base = tile.q_row<Tr>(m), q0 = q_base + wg * kQCols;
 
         if constexpr (!kSplit) {
           issue_s<kAdd>(s, sm, pipe, wg);
@@ -175,7 +175,7 @@ struct BwdMainloopWide {
         }
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
         const int next_m = Base::next_step_block(tile, args.group, hg, m);
-        mask.load_ids(next_m < 0 ? -1 : tile.q_row<kBlockM>(next_m) + wg * kQCols, t);
+        mask.load_ids(next_m < 0 ? -1 : tile.q_row<Tr>(next_m) + wg * kQCols, t);
 
         // The previous step's reduce-add has read its staging: that stage is free.
         // (kSplit: after P^T, below.)

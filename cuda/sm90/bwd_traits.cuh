@@ -138,6 +138,13 @@ struct BwdTraits {
   // causal H=64). With the pingpong it lost 3-5% at H=64 and gained 0-2% at H=128
   // (pingpong at 128), so the pingpong keeps the barrier.
   static constexpr bool kSkewDq = !kWide && !kPingpong && !kRows;
+  // Unmasked, non-causal, not deterministic: CTA n starts at query block n kBlockN /
+  // kBlockM (mod the count) and wraps (BwdTile::m_rot), so the CTAs running at once add
+  // their dQ into different rows instead of all into the same block. H200, session 31
+  // run 2, standalone, two alternations: H=256 +1.3 / +0.8 / +0.9% (T = 1K / 4K / 16K),
+  // H=64 / 128 within noise (so wide only). (The deterministic adds wait on key blocks
+  // in query-block order; causal CTAs already start at their own diagonals.)
+  static constexpr bool kRotateQ = kWide;
   // Wide: dQ as two 64-column wgmmas; the first half staged, then the next step's S^T
   // issued (into the registers the half freed) and the second half staged while it
   // runs; the next step then starts with S^T done (its P^T under dP^T). (Both
@@ -233,14 +240,23 @@ struct BwdSmem {
 // group's query heads, block m at rows q_shift + m kBlockM. Usual tiles: key block
 // n_block (key_first = n_block kBlockN, key_end = key_first + kBlockN), q_shift 0. A
 // document tile (common/doc_tiles.h) starts its keys and query blocks where its
-// document's rows do, not at block multiples.
+// document's rows do, not at block multiples. Tr::kRotateQ: step m runs query block
+// m + m_rot, wrapped into [m_begin, m_end) (m_rot 0: block m).
 struct BwdTile {
   int n_block, kv_head, batch;
   int key_first, key_end;
   int m_begin, m_end, q_shift;
+  int m_rot;
   __device__ __forceinline__ int steps(int group) const { return (m_end - m_begin) * group; }
-  template <int kBlockM>
-  __device__ __forceinline__ int q_row(int m) const { return q_shift + m * kBlockM; }
+  // The first query row of step m's block.
+  template <class Tr>
+  __device__ __forceinline__ int q_row(int m) const {
+    if constexpr (Tr::kRotateQ) {
+      m += m_rot;
+      if (m >= m_end) m -= m_end - m_begin;
+    }
+    return q_shift + m * Tr::kBlockM;
+  }
 };
 
 }  // namespace jaxattn::sm90
