@@ -136,6 +136,13 @@ struct AttnParams {
   float* split_lse = nullptr;
   // ==== end of the decode block ============================================
 
+  // (Last, so that the members above keep their offsets in the kernels' parameters.)
+  // Hopper backward, experiment -DJAXATTN_EXP_BWD_TAIL_SPLIT (sm90/bwd_tail.cuh): f32
+  // [dkv_tail_units][2][128][H], the dK / dV partial sums of the key blocks whose query
+  // range is split over several CTAs in the grid's last wave, or null (no split).
+  float* dkv_tail = nullptr;
+  int dkv_tail_units = 0;
+
   int group_size() const { return num_heads / num_heads_k; }
   // Whether the call uses any option beyond is_causal (window, lengths, soft
   // cap, segments, dense bias or mask): the masked kernels' cue.

@@ -19,6 +19,7 @@
 #include "sm90/bwd_mainloop_rows.cuh"
 #include "sm90/bwd_mainloop_wide.cuh"
 #include "sm90/bwd_traits.cuh"
+#include "sm90/bwd_tail.cuh"
 #include "sm90/tile_mask.cuh"
 
 namespace jaxattn::sm90 {
@@ -39,6 +40,10 @@ struct BwdParams {
 template <class Tr, bool kCausal>
 __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   BwdTile tile;
+  tile.tail_slot = -1;
+#ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
+  if (a.tail_pieces > 0) return bwd_tail_tile<Tr>(a);
+#endif
   // Deterministic: highest key block first, the order of the dQ adds (dq_adds_first).
   tile.n_block = a.dq_semaphore ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
   tile.kv_head = blockIdx.y;
@@ -67,6 +72,7 @@ __device__ __forceinline__ bool bwd_doc_tile_from_block(const BwdArgs& a, BwdTil
   tile.batch = blockIdx.z;
   tile.q_shift = 0;
   tile.m_rot = 0;
+  tile.tail_slot = -1;
   tile.m_begin = tile.m_end = 0;
   const int4* rec = cuda::doc_tile_records(a.attn.doc_tiles, tile.batch, a.seqlen_q);
   const int count = __ldg(&rec[0].x);
@@ -135,7 +141,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
   } else {
     tile = bwd_tile_from_block<Tr, kCausal>(args);
     if constexpr (Tr::kRotateQ && !kCausal && !kMasked) {
-      if (!args.dq_semaphore && tile.m_end > 0) tile.m_rot = (tile.n_block * Tr::kBlockN / Tr::kBlockM) % tile.m_end;
+      if (!args.dq_semaphore && tile.tail_slot < 0 && tile.m_end > 0) tile.m_rot = (tile.n_block * Tr::kBlockN / Tr::kBlockM) % tile.m_end;
     }
   }
   // (masked only) the call's MaskView and reduction scratch, in the dynamic window

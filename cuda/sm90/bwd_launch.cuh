@@ -69,6 +69,8 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
   kp.args.scale = p.scale;
   kp.args.scale_log2 = (p.softcap > 0.f ? 1.f : p.scale) * static_cast<float>(M_LOG2E);
   kp.args.attn = p;
+  kp.args.tail_first = kp.args.tail_pieces = 0;
+  kp.args.n_kblocks = (S + Tr::kBlockN - 1) / Tr::kBlockN;
 
   // Masked calls: one instantiation (the causal mask is part of the MaskView), and
   // one on the grid of document tiles (packed documents, T == S; not the wide tiles,
@@ -101,9 +103,36 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
     if (e != cudaSuccess) return {e, "build_doc_tiles"};
     grid.x = cuda::doc_tile_capacity(S);
   }
+#ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
+  if (p.dkv_tail && !doc_tiles && !p.has_masks() && !p.is_causal && !p.deterministic && !Tr::kRows) {
+    int device = 0, sms = 0;
+    e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return {e, name};
+    const int units = kp.args.n_kblocks * K * p.batch;
+    const int pieces = bwd_tail_pieces(units, sms, (T + Tr::kBlockM - 1) / Tr::kBlockM, p.dkv_tail_units);
+    if (pieces > 0) {
+      const int R = units % sms;
+      kp.args.tail_first = units - R;
+      kp.args.tail_pieces = pieces;
+      grid = dim3(units - R + R * pieces, 1, 1);
+      e = cudaMemsetAsync(p.dkv_tail, 0, size_t(R) * 2 * kTailRows * kHeadDim * sizeof(float), stream);
+      if (e != cudaSuccess) return {e, "flash_bwd_sm90 (tail memset)"};
+    }
+  }
+#endif
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
   e = cudaGetLastError();
   if (e != cudaSuccess) return {e, name};
+#ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
+  if (kp.args.tail_pieces > 0) {
+    const int R = kp.args.n_kblocks * K * p.batch - kp.args.tail_first;
+    bwd_tail_convert_kernel<Elem, Tr::kBlockN, kHeadDim>
+        <<<dim3(R, 2), 256, 0, stream>>>(p, kp.args.tail_first, kp.args.n_kblocks);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return {e, "flash_bwd_sm90 (tail convert)"};
+  }
+#endif
 
   e = cuda::launch_bwd_convert_dq<Elem>(p, stream);
   return {e, e == cudaSuccess ? "" : "flash_bwd_convert_dq"};

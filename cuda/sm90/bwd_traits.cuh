@@ -202,6 +202,11 @@ struct BwdArgs {
   // The call itself (masked instantiations read their options from it: MaskView::of,
   // softcap).
   AttnParams attn;
+  // (-DJAXATTN_EXP_BWD_TAIL_SPLIT, sm90/bwd_tail.cuh) tail_pieces > 0: a 1-D grid of
+  // units (key block, kv head, batch; key blocks fastest, n_kblocks of them), whole
+  // before tail_first, then tail_pieces CTAs for each unit from tail_first, each a slice
+  // of its query blocks. 0: the usual (key blocks, kv heads, batch) grid.
+  int tail_first, tail_pieces, n_kblocks;
 };
 
 template <class Tr>
@@ -247,6 +252,7 @@ struct BwdTile {
   int key_first, key_end;
   int m_begin, m_end, q_shift;
   int m_rot;
+  int tail_slot;  // (tail split) this piece's unit in AttnParams::dkv_tail, or -1: a whole unit
   __device__ __forceinline__ int steps(int group) const { return (m_end - m_begin) * group; }
   // The first query row of step m's block.
   template <class Tr>
