@@ -63,6 +63,24 @@ static ffi::Error set_doc_tiles(AttnParams& p, ffi::Buffer<ffi::S32>& doc_tiles)
   return ffi::Error::Success();
 }
 
+// Workspace of the Hopper backward's tail split (sm90/bwd_tail.cuh): whole units of
+// [2][rows][H] f32 when the kernels were built with it (cuda::sm90_bwd_tail_rows() > 0)
+// and the call may split, else a placeholder [1] the kernels never see.
+static ffi::Error set_dkv_tail(AttnParams& p, ffi::Buffer<ffi::F32>& dkv_tail) {
+#ifdef JAXATTN_WITH_SM90
+  const int64_t unit = 2LL * cuda::sm90_bwd_tail_rows() * p.head_dim;
+  const int64_t have = static_cast<int64_t>(dkv_tail.element_count());
+  if (unit > 0 && have >= unit) {
+    if (have % unit != 0) return invalid("dkv_tail workspace must hold whole units of 2 * rows * H floats");
+    p.dkv_tail = dkv_tail.typed_data();
+    p.dkv_tail_units = static_cast<int>(have / unit);
+  }
+#else
+  (void)p, (void)dkv_tail;
+#endif
+  return ffi::Error::Success();
+}
+
 static ffi::Error to_ffi_error(const cuda::LaunchStatus& s) {
   if (s.ok()) return ffi::Error::Success();
   return ffi::Error::Internal(std::string("jaxattn: CUDA error in ") + s.kernel + ": " + cudaGetErrorName(s.error) +
@@ -115,7 +133,8 @@ static ffi::Error cuda_bwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
                            ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::PRED> mask,
                            bool has_segments, bool has_bias, bool has_mask, bool has_lengths,
                            ffi::Result<ffi::Buffer<ffi::F32>> dbias,
-                           ffi::Result<ffi::Buffer<ffi::S32>> doc_tiles, bool portable_only, bool deterministic) {
+                           ffi::Result<ffi::Buffer<ffi::S32>> doc_tiles, ffi::Result<ffi::Buffer<ffi::F32>> dkv_tail,
+                           bool portable_only, bool deterministic) {
   AttnParams p;
   if (auto e = fill_backward(p, q, k, v, o, lse, dout, dlse, *dq, *dk, *dv, scale, is_causal); e.failure())
     return e;
@@ -141,6 +160,7 @@ static ffi::Error cuda_bwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
   p.dq_semaphore = dq_semaphore->typed_data();
   p.deterministic = deterministic;
   if (auto e = set_doc_tiles(p, *doc_tiles); e.failure()) return e;
+  if (auto e = set_dkv_tail(p, *dkv_tail); e.failure()) return e;
   return to_ffi_error(launch_backward(p, stream, portable_only));
 }
 
@@ -162,6 +182,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
             .Ret<xla::ffi::Buffer<xla::ffi::F32>>()      // dpsum (workspace)
             .Ret<xla::ffi::Buffer<xla::ffi::S32>>())))   // dq_semaphore (workspace)
         .Ret<xla::ffi::Buffer<xla::ffi::S32>>()      // doc_tiles (workspace)
+        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()      // dkv_tail (workspace)
         .Attr<bool>("portable_only")   // skip the Hopper kernel
         .Attr<bool>("deterministic"),  // ordered dQ accumulation: identical bits run to run
     {xla::ffi::Traits::kCmdBufferCompatible});

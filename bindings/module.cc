@@ -99,6 +99,15 @@ NB_MODULE(_jaxattn, m) {
 #endif
     return "sm80";
   });
+  // Rows per unit of the Hopper backward's tail-split workspace, 0 when the kernels were
+  // built without the experiment (jaxattn/_ffi_calls.py sizes that workspace with it).
+  m.def("cuda_bwd_tail_rows", []() -> int {
+#ifdef JAXATTN_WITH_SM90
+    return jaxattn::cuda::sm90_bwd_tail_rows();
+#else
+    return 0;
+#endif
+  });
 #ifdef JAXATTN_WITH_CUDA
   // Splits the CUDA decode kernels' workspace must hold for a row capacity and
   // a forced chunk (0 = none) (jaxattn/decode.py sizes the workspace outputs with it).

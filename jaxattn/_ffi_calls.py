@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._extension import register_targets
+from ._extension import _jaxattn, register_targets
 
 _VMAP = "broadcast_all"
 # Query rows per dQ-ordering counter of the deterministic backward
@@ -170,6 +170,24 @@ def cpu_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None,
     return (dq, dk, dv, dbias) if want else (dq, dk, dv)
 
 
+# Units the Hopper backward's tail-split workspace holds at most: the split units are
+# fewer than the SMs (cuda/sm90/bwd_tail.cuh; 132 on H100 / H200).
+TAIL_MAX_UNITS = 132
+
+
+def _dkv_tail_type(k, *, split: bool):
+    """The Hopper backward's tail-split workspace (cuda/sm90/bwd_tail.cuh): f32 [units, 2,
+    rows, H] for calls that may split (`split`: unmasked, non-causal, not deterministic)
+    at head dims 64 / 128 when the kernels were built with -DJAXATTN_EXP_BWD_TAIL_SPLIT
+    (rows > 0), else a placeholder [1] the kernels never see."""
+    rows = int(getattr(_jaxattn, "cuda_bwd_tail_rows", lambda: 0)())
+    B, S, K, H = k.shape
+    if rows == 0 or not split or H not in (64, 128):
+        return jax.ShapeDtypeStruct((1,), jnp.float32)
+    units = -(-S // 128) * K * B  # (key blocks of 128 at these head dims)
+    return jax.ShapeDtypeStruct((max(1, min(units, TAIL_MAX_UNITS)), 2, rows, H), jnp.float32)
+
+
 def cuda_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None, q_segment_ids=None,
                   kv_segment_ids=None, bias=None, mask=None, *, scale: float, is_causal: bool, window=None,
                   softcap=None, portable_only: bool = False, deterministic: bool = False, bias_grad: bool = True,
@@ -182,7 +200,7 @@ def cuda_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None
     backward at head dims 64 / 128 (key tiles, most query rows first), not
     in deterministic mode.
 
-    dq_accum, dpsum, dq_semaphore and doc_tiles are workspace outputs. `deterministic`
+    dq_accum, dpsum, dq_semaphore, doc_tiles and dkv_tail are workspace outputs. `deterministic`
     orders the dQ accumulation so dq, dk, dv are identical bit for bit from
     run to run (dbias is summed with f32 atomics: not bit-reproducible)."""
     register_targets()
@@ -196,8 +214,11 @@ def cuda_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None
         jax.ShapeDtypeStruct((B, N, -(-T // DQ_SEMAPHORE_ROWS)), jnp.int32),  # dq_semaphore
         jax.ShapeDtypeStruct(bias.shape if want else (1,), jnp.float32),  # dbias ([1]: not wanted)
         _doc_tiles_type(q, k, q_segment_ids),
+        _dkv_tail_type(k, split=not (is_causal or deterministic or portable_only or any(
+            x is not None for x in (q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask, window,
+                                    softcap)))),
     )
-    dq, dk, dv, *_, dbias, tiles = jax.ffi.ffi_call(
+    dq, dk, dv, *_, dbias, tiles, _ = jax.ffi.ffi_call(
         "jaxattn_cuda_bwd", _grad_types(q, k) + workspace, vmap_method=_VMAP
     )(q, k, v, out, lse, dout, dlse, *operands, **_attrs(scale, is_causal), portable_only=bool(portable_only),
       deterministic=bool(deterministic), **attrs)

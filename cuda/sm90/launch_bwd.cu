@@ -5,6 +5,7 @@
 
 #include "launch.h"
 #include "sm90/bwd_dispatch.h"
+#include "sm90/bwd_tail.cuh"
 #include "sm90/tma_descriptors.cuh"
 
 namespace jaxattn::sm90 {
@@ -53,6 +54,14 @@ bool sm90_bwd_supports(const AttnParams& p, int cc_major, int cc_minor) {
   // The preprocess / convert kernels read o and write dq with 16-byte accesses.
   if (reinterpret_cast<uintptr_t>(p.o) % 16 != 0 || reinterpret_cast<uintptr_t>(p.dq) % 16 != 0) return false;
   return sm90::get_encode_tiled() != nullptr;  // a driver with TMA tensor maps
+}
+
+int sm90_bwd_tail_rows() {
+#ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
+  return sm90::kTailRows;
+#else
+  return 0;
+#endif
 }
 
 LaunchStatus flash_bwd_sm90(const AttnParams& p, cudaStream_t stream) {
