@@ -112,7 +112,8 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (e != cudaSuccess) return {e, name};
     const int units = kp.args.n_kblocks * K * p.batch;
-    const int pieces = bwd_tail_pieces(units, sms, (T + Tr::kBlockM - 1) / Tr::kBlockM, p.dkv_tail_units);
+    const int pieces = bwd_tail_pieces(units, sms, (T + Tr::kBlockM - 1) / Tr::kBlockM, p.dkv_tail_units,
+                                       kHeadDim == 64 ? 3.0 : 8.0);
     if (pieces > 0) {
       const int R = units % sms;
       kp.args.tail_first = units - R;

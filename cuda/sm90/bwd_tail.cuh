@@ -102,17 +102,19 @@ __global__ void __launch_bounds__(256) bwd_tail_convert_kernel(const AttnParams 
 
 // How to split a grid of `units` equal units on `sms` SMs, each unit `m_blocks` query
 // blocks: slices per split unit (0: no split). The last wave then takes
-// ceil(R k / sms) rounds of m_blocks / k + kTailOverhead query-block steps (R = units
-// mod sms; the overhead: a slice's K / V load and partial-sum adds, ~3 steps' time)
-// instead of m_blocks; the k (2..64, >= 2 query blocks a slice) with the shortest.
-constexpr double kTailOverhead = 3.0;
-inline int bwd_tail_pieces(int units, int sms, int m_blocks, int capacity) {
+// ceil(R k / sms) rounds of m_blocks / k + `overhead` query-block steps (R = units mod
+// sms; the overhead: a slice's K / V load and partial-sum adds) instead of m_blocks;
+// the k (2..64, >= 2 query blocks a slice) with the shortest. Overheads from session 31
+// runs 4-5 (standalone, non-causal): at head dim 64, 3 steps (+0.5 / +1.4 / +1.6-3.8 /
+// +3.2 / +2.8-3.2% at T = 1K / 2K / 4K / 8K / 16K); at 128, 3 steps split T=2K in 3
+// and lost 3.5% (+0.7-2.2% at 4K-16K), so 8 there (no split at 1K / 2K).
+inline int bwd_tail_pieces(int units, int sms, int m_blocks, int capacity, double overhead) {
   const int R = units % sms;
   if (R == 0 || R > capacity) return 0;
   int best = 0;
   double best_len = m_blocks;
   for (int k = 2; k <= 64 && 2 * k <= m_blocks; ++k) {
-    const double len = double((R * k + sms - 1) / sms) * (double(m_blocks) / k + kTailOverhead);
+    const double len = double((R * k + sms - 1) / sms) * (double(m_blocks) / k + overhead);
     if (len < best_len - 1e-9) best_len = len, best = k;
   }
   return best;
