@@ -41,13 +41,18 @@ template <class Tr, bool kCausal>
 __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   BwdTile tile;
   tile.tail_slot = -1;
+  int slice = 0, slices = 1;  // (tail split: this CTA's slice of its unit's query blocks)
 #ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
-  if (a.tail_pieces > 0) return bwd_tail_tile<Tr>(a);
+  if (a.tail_pieces > 0) {
+    bwd_tail_unit(a, tile, slice, slices);
+  } else
 #endif
-  // Deterministic: highest key block first, the order of the dQ adds (dq_adds_first).
-  tile.n_block = a.dq_semaphore ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-  tile.kv_head = blockIdx.y;
-  tile.batch = blockIdx.z;
+  {
+    // Deterministic: highest key block first, the order of the dQ adds (dq_adds_first).
+    tile.n_block = a.dq_semaphore ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    tile.kv_head = blockIdx.y;
+    tile.batch = blockIdx.z;
+  }
   tile.key_first = tile.n_block * Tr::kBlockN;
   tile.key_end = tile.key_first + Tr::kBlockN;
   tile.q_shift = 0;
@@ -55,6 +60,11 @@ __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   tile.m_begin = kCausal ? (tile.n_block * Tr::kBlockN) / Tr::kBlockM : 0;
   tile.m_end = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   if (tile.m_begin > tile.m_end) tile.m_begin = tile.m_end;
+  if (slices > 1) {  // (non-causal only: m_begin is 0)
+    const int M = tile.m_end;
+    tile.m_begin = M * slice / slices;
+    tile.m_end = M * (slice + 1) / slices;
+  }
   return tile;
 }
 
@@ -141,7 +151,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
   } else {
     tile = bwd_tile_from_block<Tr, kCausal>(args);
     if constexpr (Tr::kRotateQ && !kCausal && !kMasked) {
-      if (!args.dq_semaphore && tile.tail_slot < 0 && tile.m_end > 0) tile.m_rot = (tile.n_block * Tr::kBlockN / Tr::kBlockM) % tile.m_end;
+      if (!args.dq_semaphore && tile.tail_slot < 0 && tile.m_end > 0)
+        tile.m_rot = (tile.n_block * Tr::kBlockN / Tr::kBlockM) % tile.m_end;
     }
   }
   // (masked only) the call's MaskView and reduction scratch, in the dynamic window

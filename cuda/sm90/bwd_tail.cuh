@@ -23,31 +23,22 @@ namespace jaxattn::sm90 {
 // Rows of one unit in dkv_tail (the largest kBlockN).
 constexpr int kTailRows = 128;
 
-// The work of CTA blockIdx.x on the split grid (BwdArgs::tail_pieces > 0).
-template <class Tr>
-__device__ __forceinline__ BwdTile bwd_tail_tile(const BwdArgs& a) {
-  BwdTile tile;
-  int unit = (int)blockIdx.x, piece = 0, pieces = 1;
-  tile.tail_slot = -1;
+// The unit of CTA blockIdx.x on the split grid (BwdArgs::tail_pieces > 0): its key
+// block, kv head and batch row in `tile`, with tail_slot (its unit's partial sums) and
+// its slice of the unit's query blocks when it is one of a split unit's CTAs.
+__device__ __forceinline__ void bwd_tail_unit(const BwdArgs& a, BwdTile& tile, int& slice, int& slices) {
+  int unit = (int)blockIdx.x;
   if (unit >= a.tail_first) {
     const int i = unit - a.tail_first;
     tile.tail_slot = i / a.tail_pieces;
-    piece = i % a.tail_pieces;
-    pieces = a.tail_pieces;
+    slice = i % a.tail_pieces;
+    slices = a.tail_pieces;
     unit = a.tail_first + tile.tail_slot;
   }
   const int K = a.attn.num_heads_k;
   tile.n_block = unit % a.n_kblocks;
   tile.kv_head = (unit / a.n_kblocks) % K;
   tile.batch = unit / (a.n_kblocks * K);
-  tile.key_first = tile.n_block * Tr::kBlockN;
-  tile.key_end = tile.key_first + Tr::kBlockN;
-  tile.q_shift = 0;
-  tile.m_rot = 0;
-  const int M = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-  tile.m_begin = M * piece / pieces;
-  tile.m_end = M * (piece + 1) / pieces;
-  return tile;
 }
 
 // A slice's dK (times the scale) and dV, wgmma accumulator layout (acc[4 j + 2 h + e]:
