@@ -64,7 +64,7 @@ static ffi::Error set_doc_tiles(AttnParams& p, ffi::Buffer<ffi::S32>& doc_tiles)
 }
 
 // Workspace of the Hopper backward's tail split (sm90/bwd_tail.cuh): whole units of
-// [2][rows][H] f32 when the kernels were built with it (cuda::sm90_bwd_tail_rows() > 0)
+// [2][rows][H] f32 when the Hopper kernels are built (cuda::sm90_bwd_tail_rows() > 0)
 // and the call may split, else a placeholder [1] the kernels never see.
 static ffi::Error set_dkv_tail(AttnParams& p, ffi::Buffer<ffi::F32>& dkv_tail) {
 #ifdef JAXATTN_WITH_SM90

@@ -37,8 +37,7 @@ bool sm90_bwd_supports(const AttnParams& p, int cc_major, int cc_minor);
 // Backward, like flash_bwd_sm80 (same workspace).
 LaunchStatus flash_bwd_sm90(const AttnParams& p, cudaStream_t stream);
 // Rows per unit of the Hopper backward's tail-split partial sums (AttnParams::dkv_tail,
-// sm90/bwd_tail.cuh) when the kernels were built with -DJAXATTN_EXP_BWD_TAIL_SPLIT; 0:
-// built without it (the workspace is then a stand-in and never read).
+// sm90/bwd_tail.cuh).
 int sm90_bwd_tail_rows();
 // The dispatch rule between the Hopper and the portable kernels, asked by the
 // FFI handlers and by jaxattn.kernel_for (bindings/module.cc): the Hopper

@@ -175,11 +175,18 @@ def cpu_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None,
 TAIL_MAX_UNITS = 132
 
 
+def _has_masks(attrs) -> bool:
+    """Whether _mask_operands' attributes ask for any option beyond is_causal: the
+    same rule as C++ AttnParams::has_masks (cuda/common/params.h)."""
+    return bool(attrs["window_left"] >= 0 or attrs["window_right"] >= 0 or attrs["softcap"] > 0 or any(
+        attrs[name] for name in ("has_segments", "has_bias", "has_mask", "has_lengths")))
+
+
 def _dkv_tail_type(k, *, split: bool):
     """The Hopper backward's tail-split workspace (cuda/sm90/bwd_tail.cuh): f32 [units, 2,
     rows, H] for calls that may split (`split`: unmasked, non-causal, not deterministic)
-    at head dims 64 / 128 when the kernels were built with -DJAXATTN_EXP_BWD_TAIL_SPLIT
-    (rows > 0), else a placeholder [1] the kernels never see."""
+    at head dims 64 / 128 when the Hopper kernels were built (rows > 0), else a
+    placeholder [1] the kernels never see."""
     rows = int(getattr(_jaxattn, "cuda_bwd_tail_rows", lambda: 0)())
     B, S, K, H = k.shape
     if rows == 0 or not split or H not in (64, 128):
@@ -214,9 +221,7 @@ def cuda_backward(q, k, v, out, lse, dout, dlse, q_lengths=None, kv_lengths=None
         jax.ShapeDtypeStruct((B, N, -(-T // DQ_SEMAPHORE_ROWS)), jnp.int32),  # dq_semaphore
         jax.ShapeDtypeStruct(bias.shape if want else (1,), jnp.float32),  # dbias ([1]: not wanted)
         _doc_tiles_type(q, k, q_segment_ids),
-        _dkv_tail_type(k, split=not (is_causal or deterministic or portable_only or any(
-            x is not None for x in (q_lengths, kv_lengths, q_segment_ids, kv_segment_ids, bias, mask, window,
-                                    softcap)))),
+        _dkv_tail_type(k, split=not (is_causal or deterministic or portable_only or _has_masks(attrs))),
     )
     dq, dk, dv, *_, dbias, tiles, _ = jax.ffi.ffi_call(
         "jaxattn_cuda_bwd", _grad_types(q, k) + workspace, vmap_method=_VMAP

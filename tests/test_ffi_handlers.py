@@ -94,7 +94,7 @@ def test_cpu_handler_rejects_bad_dense_masks(what, operands, match):
 def test_backward_tail_split_workspace_shape(monkeypatch):
     """The Hopper backward's tail-split workspace (cuda/sm90/bwd_tail.cuh): whole units of
     [2, rows, H] f32, at most TAIL_MAX_UNITS of them, only for calls that may split at head
-    dims 64 / 128 in a build with the experiment; a placeholder [1] otherwise."""
+    dims 64 / 128 in a build with the Hopper kernels; a placeholder [1] otherwise."""
     from jaxattn import _ffi_calls
 
     k = jax.ShapeDtypeStruct((2, 1000, 4, 128), jnp.bfloat16)  # 8 key blocks x 4 heads x 2 rows
@@ -106,3 +106,25 @@ def test_backward_tail_split_workspace_shape(monkeypatch):
     assert _ffi_calls._dkv_tail_type(jax.ShapeDtypeStruct((1, 512, 2, 256), jnp.bfloat16), split=True).shape == (1,)
     monkeypatch.setattr(_ffi_calls._jaxattn, "cuda_bwd_tail_rows", lambda: 0, raising=False)
     assert _ffi_calls._dkv_tail_type(k, split=True).shape == (1,)
+
+
+def test_has_masks_matches_every_mask_option():
+    """_has_masks (which keeps masked calls off the tail split's workspace) is true for each
+    option _mask_operands carries and false for none, as C++ AttnParams::has_masks."""
+    from jaxattn import _ffi_calls
+
+    q = jnp.ones((2, 16, 4, 64), jnp.bfloat16)
+    lengths = jnp.array([16, 9], jnp.int32)
+    ids = jnp.zeros((2, 16), jnp.int32)
+    options = {
+        "q_lengths": dict(q_lengths=lengths), "kv_lengths": dict(kv_lengths=lengths),
+        "window": dict(window=(4, -1)), "window_right": dict(window=(-1, 0)), "softcap": dict(softcap=30.0),
+        "segments": dict(q_segment_ids=ids, kv_segment_ids=ids),
+        "bias": dict(bias=jnp.zeros((1, 1, 16, 16))), "mask": dict(mask=jnp.ones((1, 1, 16, 16), bool)),
+    }
+    base = dict(q_lengths=None, kv_lengths=None, window=None, softcap=None, q_segment_ids=None,
+                kv_segment_ids=None, bias=None, mask=None)
+    assert not _ffi_calls._has_masks(_ffi_calls._mask_operands(q, q, **base)[1])
+    for name, option in options.items():
+        _, attrs = _ffi_calls._mask_operands(q, q, **{**base, **option})
+        assert _ffi_calls._has_masks(attrs), name

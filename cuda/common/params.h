@@ -137,7 +137,7 @@ struct AttnParams {
   // ==== end of the decode block ============================================
 
   // (Last, so that the members above keep their offsets in the kernels' parameters.)
-  // Hopper backward, experiment -DJAXATTN_EXP_BWD_TAIL_SPLIT (sm90/bwd_tail.cuh): f32
+  // Hopper backward's tail split (sm90/bwd_tail.cuh): f32
   // [dkv_tail_units][2][128][H], the dK / dV partial sums of the key blocks whose query
   // range is split over several CTAs in the grid's last wave, or null (no split).
   float* dkv_tail = nullptr;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/device.h"
 #include "common/params.h"
 #include "launch.h"
 
@@ -74,9 +75,6 @@ inline void set_chunks(DecodePlan& plan, int64_t span, int splits, int64_t max_c
   plan.chunk = int(std::min<int64_t>(max_chunk, (int64_t(ceil_div(span, std::max(splits, 1))) + 63) / 64 * 64));
   plan.splits = ceil_div(span, plan.chunk);
 }
-
-// SMs of the current device (queried once per device).
-int device_sms();
 
 // Merges plan.splits partial outputs per query row into p.o and p.lse.
 LaunchStatus launch_combine(const AttnParams& p, const DecodePlan& plan, cudaStream_t stream);

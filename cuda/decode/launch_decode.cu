@@ -1,7 +1,6 @@
 // Host side of the CUDA decode kernels: the version dispatch, the workspace
 // rule, the combine launch, and version 1's plan and launches.
 #include <algorithm>
-#include <atomic>
 
 #include "decode/decode_kernel.cuh"
 #include "decode/launch_decode.h"
@@ -12,20 +11,6 @@ using decode::ceil_div;
 using decode::DecodePlan;
 
 namespace decode {
-
-int device_sms() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices];  // 0 = not asked yet
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
-  const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
-  int sms = cache[slot].load(std::memory_order_relaxed);
-  if (sms <= 0) {
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 108;
-    cache[slot].store(sms, std::memory_order_relaxed);
-  }
-  return sms;
-}
 
 LaunchStatus launch_combine(const AttnParams& p, const DecodePlan& plan, cudaStream_t stream) {
   const dim3 grid(plan.rows, p.num_heads_k, p.batch);
@@ -104,7 +89,7 @@ LaunchStatus decode_fwd_v1(const AttnParams& p, cudaStream_t stream, int forced_
   // Two waves of CTAs over the SMs, chunks of at least kMinChunk keys, at
   // most the workspace's splits, at most kMaxChunk keys per chunk.
   const int64_t ctas = int64_t(p.batch) * p.num_heads_k * rb;
-  int splits = ceil_div(2 * int64_t(decode::device_sms()), ctas);
+  int splits = ceil_div(2 * int64_t(device_sms()), ctas);
   splits = std::min(splits, ceil_div(span, decode::kMinChunk));
   splits = std::max(splits, ceil_div(span, decode::kMaxChunk));
   splits = std::max(1, std::min(splits, p.num_splits));

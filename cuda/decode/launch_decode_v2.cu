@@ -215,7 +215,7 @@ bool drift_plan(const AttnParams& p, int forced_chunk, int variant, DecodePlan* 
     if (!pdl_ok<H, kBf16, true>()) return false;
     const int per_sm = resident_ctas<H, kBf16, true>(err);
     if (*err != cudaSuccess || per_sm < 0) return false;
-    *plan = plan_v2(p, decode::device_sms() * per_sm, forced_chunk, variant,
+    *plan = plan_v2(p, device_sms() * per_sm, forced_chunk, variant,
                     [](int s) { return cluster_ok<H, kBf16, true>(s); });
     plan->pdl = (variant & kV2Pdl) != 0;
     const bool paged = p.block_table != nullptr;
@@ -265,7 +265,7 @@ template <int H, bool kBf16>
 DecodePlan cpasync_plan(const AttnParams& p, int forced_chunk, int variant, int* per_sm, cudaError_t* err) {
   *per_sm = resident_ctas<H, kBf16>(err);
   if (*err != cudaSuccess || *per_sm < 0) return {};
-  DecodePlan plan = plan_v2(p, decode::device_sms() * *per_sm, forced_chunk, variant,
+  DecodePlan plan = plan_v2(p, device_sms() * *per_sm, forced_chunk, variant,
                             [](int s) { return cluster_ok<H, kBf16>(s); });
   plan.pdl = (variant & kV2Pdl) != 0 && pdl_ok<H, kBf16>();
   return plan;

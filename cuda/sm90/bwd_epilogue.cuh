@@ -28,13 +28,11 @@ struct BwdEpilogue {
                                const CUtensorMap* tm_dk, const CUtensorMap* tm_dv, const BwdSmem<Tr>& sm,
                                const BwdTile& tile, const BwdArgs& args, int wg, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-#ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
     if (tile.tail_slot >= 0) {  // a slice of a unit: its partial sums, added from registers
       bwd_tail_add_partial<Tr>(dk, dv, args, tile.tail_slot, wg, warp, g, t);
       if (tid == 0) hptx::bulk_wait0();  // (this thread's dQ reduce-adds read shared memory)
       return;
     }
-#endif
     // Both warpgroups' dQ wgmma (which read all of K) are complete past this barrier.
     hptx::named_bar_sync(1, 256);
     // This warpgroup's part of the tiles: its 64 keys, every chunk; wide: all 64

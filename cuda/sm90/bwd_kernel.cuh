@@ -42,12 +42,9 @@ __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   BwdTile tile;
   tile.tail_slot = -1;
   int slice = 0, slices = 1;  // (tail split: this CTA's slice of its unit's query blocks)
-#ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
-  if (a.tail_pieces > 0) {
+  if (a.tail_slices > 0) {
     bwd_tail_unit(a, tile, slice, slices);
-  } else
-#endif
-  {
+  } else {
     // Deterministic: highest key block first, the order of the dQ adds (dq_adds_first).
     tile.n_block = a.dq_semaphore ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     tile.kv_head = blockIdx.y;

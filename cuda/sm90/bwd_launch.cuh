@@ -1,6 +1,8 @@
 // Host launcher template of the Hopper backward: the shared preprocess kernel
 // (dpsum, zeroed dQ accumulator), the seven tensor maps, the main kernel on a grid
-// of (key blocks, kv heads, batch) and the shared dQ conversion. Included only by
+// of (key blocks, kv heads, batch) (or the tail split's 1-D grid, sm90/bwd_tail.cuh,
+// with its partial sums' memset before and conversion after) and the shared dQ
+// conversion. Included only by
 // the per-head-dim bwd_hdim*.cu files.
 #pragma once
 
@@ -9,8 +11,10 @@
 #include <cmath>
 
 #include "common/bwd_prepost.cuh"
+#include "common/device.h"
 #include "sm90/bwd_dispatch.h"
 #include "sm90/bwd_kernel.cuh"
+#include "sm90/bwd_tail.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/doc_tiles.h"
 #include "sm90/tma_descriptors.cuh"
@@ -69,7 +73,7 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
   kp.args.scale = p.scale;
   kp.args.scale_log2 = (p.softcap > 0.f ? 1.f : p.scale) * static_cast<float>(M_LOG2E);
   kp.args.attn = p;
-  kp.args.tail_first = kp.args.tail_pieces = 0;
+  kp.args.tail_first = kp.args.tail_slices = 0;
   kp.args.n_kblocks = (S + Tr::kBlockN - 1) / Tr::kBlockN;
 
   // Masked calls: one instantiation (the causal mask is part of the MaskView), and
@@ -103,39 +107,33 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
     if (e != cudaSuccess) return {e, "build_doc_tiles"};
     grid.x = cuda::doc_tile_capacity(S);
   }
-#ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
-  // (Not at head dim 256: there the last wave's CTAs already run faster with half the SMs
-  // idle, and the slices cost what the tail saves: session 31 run 4, -1.6 / 0%.)
+  // Tail split (sm90/bwd_tail.cuh): the last (units mod SMs) units cut into query-range
+  // slices. Not at head dim 256: there the last wave's CTAs already run faster with half
+  // the SMs idle, and the slices cost what the tail saves (session 31 run 4, -1.6 / 0%).
+  int tail_units = 0;  // units split (R), each into kp.args.tail_slices CTAs
   if (p.dkv_tail && !Tr::kWide && !doc_tiles && !p.has_masks() && !p.is_causal && !p.deterministic && !Tr::kRows) {
-    int device = 0, sms = 0;
-    e = cudaGetDevice(&device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (e != cudaSuccess) return {e, name};
     const int units = kp.args.n_kblocks * K * p.batch;
-    const int pieces = bwd_tail_pieces(units, sms, (T + Tr::kBlockM - 1) / Tr::kBlockM, p.dkv_tail_units,
+    const int sms = cuda::device_sms();
+    const int slices = bwd_tail_slices(units, sms, (T + Tr::kBlockM - 1) / Tr::kBlockM, p.dkv_tail_units,
                                        kHeadDim == 64 ? 3.0 : 8.0);
-    if (pieces > 0) {
-      const int R = units % sms;
-      kp.args.tail_first = units - R;
-      kp.args.tail_pieces = pieces;
-      grid = dim3(units - R + R * pieces, 1, 1);
-      e = cudaMemsetAsync(p.dkv_tail, 0, size_t(R) * 2 * kTailRows * kHeadDim * sizeof(float), stream);
+    if (slices > 0) {
+      tail_units = units % sms;
+      kp.args.tail_first = units - tail_units;
+      kp.args.tail_slices = slices;
+      grid = dim3(units - tail_units + tail_units * slices, 1, 1);
+      e = cudaMemsetAsync(p.dkv_tail, 0, size_t(tail_units) * 2 * kTailRows * kHeadDim * sizeof(float), stream);
       if (e != cudaSuccess) return {e, "flash_bwd_sm90 (tail memset)"};
     }
   }
-#endif
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
   e = cudaGetLastError();
   if (e != cudaSuccess) return {e, name};
-#ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
-  if (kp.args.tail_pieces > 0) {
-    const int R = kp.args.n_kblocks * K * p.batch - kp.args.tail_first;
+  if (tail_units > 0) {
     bwd_tail_convert_kernel<Elem, Tr::kBlockN, kHeadDim>
-        <<<dim3(R, 2), 256, 0, stream>>>(p, kp.args.tail_first, kp.args.n_kblocks);
+        <<<dim3(tail_units, 2), 256, 0, stream>>>(p, kp.args.tail_first, kp.args.n_kblocks);
     e = cudaGetLastError();
     if (e != cudaSuccess) return {e, "flash_bwd_sm90 (tail convert)"};
   }
-#endif
 
   e = cuda::launch_bwd_convert_dq<Elem>(p, stream);
   return {e, e == cudaSuccess ? "" : "flash_bwd_convert_dq"};

@@ -1,13 +1,14 @@
-// Tail split of the Hopper backward (experiment, -DJAXATTN_EXP_BWD_TAIL_SPLIT; unmasked,
-// non-causal, non-deterministic calls with AttnParams::dkv_tail set).
+// Tail split of the Hopper backward (head dims 64 / 128; unmasked, non-causal,
+// non-deterministic calls with AttnParams::dkv_tail set; session 32: +0.3-2.9% fwd+bwd
+// through JAX at T 2K-16K, docs/perf.md).
 //
 // The grid has one CTA per unit (key block, kv head, batch) of equal work, and the
 // benchmark's shapes give 2^k units on 132 SMs: 15.5 or 31.03 waves, so in the last
 // wave 64 (or 128) SMs idle for up to a whole unit's time (Nsight Compute: SM active
 // 96.6-97.1% of the kernel's cycles at H=64 / 256, T=16K). With the split, the first
 // units run whole as before and each of the last R = units mod SMs is cut into
-// `pieces` slices of its query blocks, one CTA each, so the last wave is
-// ceil(R pieces / SMs) slices long instead of one unit. A slice adds its dK (times the
+// `slices` slices of its query blocks, one CTA each, so the last wave is
+// ceil(R slices / SMs) slices long instead of one unit. A slice adds its dK (times the
 // scale) and dV from registers into f32 partial sums (AttnParams::dkv_tail, zeroed
 // first); a small kernel afterwards converts them into dK / dV. dQ is added as always.
 #pragma once
@@ -23,16 +24,16 @@ namespace jaxattn::sm90 {
 // Rows of one unit in dkv_tail (the largest kBlockN).
 constexpr int kTailRows = 128;
 
-// The unit of CTA blockIdx.x on the split grid (BwdArgs::tail_pieces > 0): its key
+// The unit of CTA blockIdx.x on the split grid (BwdArgs::tail_slices > 0): its key
 // block, kv head and batch row in `tile`, with tail_slot (its unit's partial sums) and
 // its slice of the unit's query blocks when it is one of a split unit's CTAs.
 __device__ __forceinline__ void bwd_tail_unit(const BwdArgs& a, BwdTile& tile, int& slice, int& slices) {
   int unit = (int)blockIdx.x;
   if (unit >= a.tail_first) {
     const int i = unit - a.tail_first;
-    tile.tail_slot = i / a.tail_pieces;
-    slice = i % a.tail_pieces;
-    slices = a.tail_pieces;
+    tile.tail_slot = i / a.tail_slices;
+    slice = i % a.tail_slices;
+    slices = a.tail_slices;
     unit = a.tail_first + tile.tail_slot;
   }
   const int K = a.attn.num_heads_k;
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(256) bwd_tail_convert_kernel(const AttnParams 
 // runs 4-5 (standalone, non-causal): at head dim 64, 3 steps (+0.5 / +1.4 / +1.6-3.8 /
 // +3.2 / +2.8-3.2% at T = 1K / 2K / 4K / 8K / 16K); at 128, 3 steps split T=2K in 3
 // and lost 3.5% (+0.7-2.2% at 4K-16K), so 8 there (no split at 1K / 2K).
-inline int bwd_tail_pieces(int units, int sms, int m_blocks, int capacity, double overhead) {
+inline int bwd_tail_slices(int units, int sms, int m_blocks, int capacity, double overhead) {
   const int R = units % sms;
   if (R == 0 || R > capacity) return 0;
   int best = 0;

@@ -202,11 +202,11 @@ struct BwdArgs {
   // The call itself (masked instantiations read their options from it: MaskView::of,
   // softcap).
   AttnParams attn;
-  // (-DJAXATTN_EXP_BWD_TAIL_SPLIT, sm90/bwd_tail.cuh) tail_pieces > 0: a 1-D grid of
-  // units (key block, kv head, batch; key blocks fastest, n_kblocks of them), whole
-  // before tail_first, then tail_pieces CTAs for each unit from tail_first, each a slice
-  // of its query blocks. 0: the usual (key blocks, kv heads, batch) grid.
-  int tail_first, tail_pieces, n_kblocks;
+  // (The tail split, sm90/bwd_tail.cuh) tail_slices > 0: a 1-D grid of units (key
+  // block, kv head, batch; key blocks fastest, n_kblocks of them), whole before
+  // tail_first, then tail_slices CTAs for each unit from tail_first, each a slice of its
+  // query blocks. 0: the usual (key blocks, kv heads, batch) grid.
+  int tail_first, tail_slices, n_kblocks;
 };
 
 template <class Tr>

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/device.h"
 #include "sm90/doc_tiles.h"
 #include "sm90/fwd_dispatch.h"
 #include "sm90/fwd_kernel.cuh"
@@ -95,10 +96,7 @@ cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*k
     kp.args.attn.doc_tiles = nullptr;
   }
   if (persistent) {
-    int device = 0, sms = 0;
-    e = cudaGetDevice(&device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (e != cudaSuccess) return {e, name};
+    const int sms = cuda::device_sms();
     const int64_t tiles = (int64_t)m_tiles * p.num_heads * p.batch;
     if (tiles + sms >= (int64_t(1) << 31)) return {cudaErrorInvalidValue, "flash_fwd_sm90 (too many tiles)"};
     grid = dim3((unsigned)std::min<int64_t>(tiles, sms), 1, 1);

@@ -56,13 +56,7 @@ bool sm90_bwd_supports(const AttnParams& p, int cc_major, int cc_minor) {
   return sm90::get_encode_tiled() != nullptr;  // a driver with TMA tensor maps
 }
 
-int sm90_bwd_tail_rows() {
-#ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
-  return sm90::kTailRows;
-#else
-  return 0;
-#endif
-}
+int sm90_bwd_tail_rows() { return sm90::kTailRows; }
 
 LaunchStatus flash_bwd_sm90(const AttnParams& p, cudaStream_t stream) {
   return sm90::flash_bwd_sm90_variant(p, stream, sm90::BwdVariant::kDefault);

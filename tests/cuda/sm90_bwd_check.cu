@@ -28,9 +28,7 @@
 #include "common/params.h"
 #include "launch.h"
 #include "sm90/bwd_dispatch.h"
-#ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
 #include "sm90/bwd_tail.cuh"
-#endif
 
 using jaxattn::AttnParams;
 using jaxattn::DType;
@@ -66,7 +64,6 @@ static uint16_t* poisoned(size_t n) {
   return d;
 }
 
-#ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
 // The tail split's partial sums (sm90/bwd_tail.cuh): one unit per SM at head dim 256.
 static float* g_dkv_tail = nullptr;
 static int g_dkv_tail_units = 0;
@@ -76,15 +73,12 @@ static void alloc_dkv_tail() {
   CUDA_CHECK(cudaDeviceGetAttribute(&g_dkv_tail_units, cudaDevAttrMultiProcessorCount, dev));
   CUDA_CHECK(cudaMalloc(&g_dkv_tail, size_t(g_dkv_tail_units) * 2 * jaxattn::sm90::kTailRows * 256 * 4));
 }
-#endif
 
 static AttnParams make_params(const Case& c, const HostTensor& q, const HostTensor& k, const DevCase& d) {
   AttnParams p;
-#ifdef JAXATTN_EXP_BWD_TAIL_SPLIT
   if (!g_dkv_tail) alloc_dkv_tail();
   p.dkv_tail = g_dkv_tail;
   p.dkv_tail_units = g_dkv_tail_units;
-#endif
   p.batch = c.B, p.seqlen_q = c.T, p.seqlen_k = c.S, p.num_heads = c.N, p.num_heads_k = c.K, p.head_dim = c.H;
   p.dtype = c.bf16 ? DType::kBF16 : DType::kF16;
   p.scale = c.scale_mult / std::sqrt(float(c.H));
@@ -213,6 +207,9 @@ static CaseResult run_case(const Case& c, uint64_t seed, bool with_ref) {
   for (int impl = 0; impl <= kNV + 1; ++impl) {
     d.dq = poisoned(q.count()), d.dk = poisoned(k.count()), d.dv = poisoned(k.count());
     p.dq = d.dq, p.dk = d.dk, p.dv = d.dv;
+    // The tail split's partial sums for the default column only: the explicit variants
+    // check the unsplit grids, the default the split one (where the launcher splits).
+    p.dkv_tail = impl == kNV + 1 ? g_dkv_tail : nullptr;
     if (impl == 0) {
       check_launch(jc::flash_bwd_sm80(p, 0));
     } else {
