@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 32 run 1: package built with -DJAXATTN_EXP_BWD_TAIL_SPLIT; GPU tests; fwd+bwd grid
+# The Hopper backward's tail split (cuda/sm90/bwd_tail.cuh) through JAX (session 32 run 1): package build; GPU tests; fwd+bwd grid
 # non-causal H=64/128 with the split and with it disabled (placeholder workspace), alternating.
 set -u
 R="$(cd "$(dirname "$0")/.." && pwd)"
@@ -9,7 +9,7 @@ O=${OUT:-/tmp/out}; mkdir -p $O
 STEP=${STEP:-all}
 if [[ $STEP == all || $STEP == build ]]; then
   t0=$(date +%s)
-  (cd $R && CUDAFLAGS=-DJAXATTN_EXP_BWD_TAIL_SPLIT $P -m pip install --no-build-isolation --no-deps -q . > $O/build.log 2>&1); echo "build rc=$? $(( $(date +%s)-t0 ))s"
+  (cd $R && $P -m pip install --no-build-isolation --no-deps -q . > $O/build.log 2>&1); echo "build rc=$? $(( $(date +%s)-t0 ))s"
   (cd /tmp && $P -c "import jaxattn._jaxattn as m; print('tail rows', m.cuda_bwd_tail_rows())")
 fi
 if [[ $STEP == all || $STEP == tests1 ]]; then
