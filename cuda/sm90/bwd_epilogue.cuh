@@ -23,7 +23,9 @@ struct BwdEpilogue {
   static constexpr int kHeadDim = Tr::kHeadDim;
   static constexpr int kBlockN = Tr::kBlockN;
 
-  template <bool kDoc = false>
+  // kRoles (BwdMainloopWideRoles, head dim 256): warpgroup 0 holds dV, 1 dK, all
+  // columns (dk: 0..127, dv: 128..255), each written over the whole V / K tile.
+  template <bool kDoc = false, bool kRoles = false>
   __device__ static void store(const float (&dk)[Tr::kAccRegs], const float (&dv)[Tr::kAccRegs],
                                const CUtensorMap* tm_dk, const CUtensorMap* tm_dv, const BwdSmem<Tr>& sm,
                                const BwdTile& tile, const BwdArgs& args, int wg, int tid) {
@@ -35,6 +37,28 @@ struct BwdEpilogue {
     }
     // Both warpgroups' dQ wgmma (which read all of K) are complete past this barrier.
     hptx::named_bar_sync(1, 256);
+    if constexpr (kRoles) {
+      static_assert(Tr::kWide && !kDoc, "roles: the wide tile, no document tiles");
+      const uint32_t rows = wg == 0 ? sm.v() : sm.k();
+      const float s = wg == 0 ? 1.f : args.scale;
+      const float mul[2] = {s, s};
+      constexpr uint32_t kHalfBytes = (Tr::kKvCols / 64) * kBlockN * 128;
+      store_acc_sw128<Elem, Tr::kKvCols>(dk, mul, rows, kBlockN * 128, warp * 16 + g, t);
+      store_acc_sw128<Elem, Tr::kKvCols>(dv, mul, rows + kHalfBytes, kBlockN * 128, warp * 16 + g, t);
+      hptx::fence_proxy_async_smem();
+      hptx::named_bar_sync(2 + wg, 128);
+      if (tid == 0) {
+        if (min(tile.key_end, args.seqlen_k) > tile.key_first) {
+#pragma unroll
+          for (int c = 0; c < kHeadDim / 64; ++c)
+            hptx::tma_store_5d(wg == 0 ? tm_dv : tm_dk, rows + c * kBlockN * 128, 0, tile.key_first, c, tile.kv_head,
+                               tile.batch);
+          hptx::bulk_commit();
+        }
+        hptx::bulk_wait0();
+      }
+      return;
+    }
     // This warpgroup's part of the tiles: its 64 keys, every chunk; wide: all 64
     // keys, its half of the chunks.
     constexpr int kWgChunks = Tr::kKvCols / 64;

@@ -18,6 +18,7 @@
 #include "sm90/bwd_mainloop.cuh"
 #include "sm90/bwd_mainloop_rows.cuh"
 #include "sm90/bwd_mainloop_wide.cuh"
+#include "sm90/bwd_mainloop_wide_roles.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/bwd_tail.cuh"
 #include "sm90/tile_mask.cuh"
@@ -216,7 +217,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     const int wg = warpgroup - 1;
     const int tid = threadIdx.x % 128;
     float dk[Tr::kAccRegs], dv[Tr::kAccRegs];
-    if constexpr (Tr::kWide)
+    constexpr bool kRoles = Tr::kWide && !kMasked && kBwd256Roles;  // (experiment: dk / dv are its lo / hi)
+    if constexpr (kRoles)
+      BwdMainloopWideRoles<Tr>::template consume<kCausal>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid, dq_view);
+    else if constexpr (Tr::kWide)
       BwdMainloopWide<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
                                                               &mask_view, dq_view);
     else if constexpr (Tr::kRows)
@@ -224,7 +228,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     else
       BwdMainloop<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
                                                           &mask_view, dq_view);
-    BwdEpilogue<Tr>::template store<kDoc>(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);
+    BwdEpilogue<Tr>::template store<kDoc, kRoles>(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);
   }
 }
 

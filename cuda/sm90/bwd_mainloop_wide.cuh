@@ -62,16 +62,16 @@ struct BwdMainloopWide {
   static_assert(kBlockN * 128 == kChunkBytes, "K and Q tiles share the chunk stride");
   using Pipe = PipeState<Tr::kStages>;
 
-  // acc(64 keys x 32 queries) = A B^T over the head dim: A = K or V (all 64 rows),
-  // B = Q or dO rows 32 wg .. 32 wg + 31; both K-major chunked tiles.
-  template <bool kAdd>
-  __device__ __forceinline__ static void issue_abT(float (&acc)[kSRegs], uint32_t a_tile, uint32_t b_tile, int wg) {
-    const hptx::TileDesc<kAdd> a(a_tile, 16, 1024), b(b_tile + wg * kQCols * 128, 16, 1024);
+  // acc(64 keys x kCols queries) = A B^T over the head dim: A = K or V (all 64 rows),
+  // B = Q or dO rows kCols wg .. kCols wg + kCols - 1; both K-major chunked tiles.
+  template <bool kAdd, int kCols = kQCols>
+  __device__ __forceinline__ static void issue_abT(float (&acc)[kCols / 2], uint32_t a_tile, uint32_t b_tile, int wg) {
+    const hptx::TileDesc<kAdd> a(a_tile, 16, 1024), b(b_tile + wg * kCols * 128, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t chunk = kk / 4, off = (kk % 4) * 32;
-      hptx::wgmma_ss<Elem, kQCols, 0>(acc, a.at(chunk * kChunkBytes + off), b.at(chunk * kChunkBytes + off),
-                                      kk > 0 ? 1 : 0);
+      hptx::wgmma_ss<Elem, kCols, 0>(acc, a.at(chunk * kChunkBytes + off), b.at(chunk * kChunkBytes + off),
+                                     kk > 0 ? 1 : 0);
     }
   }
 
