@@ -9,7 +9,7 @@ import pytest
 
 import jaxattn
 import reference64
-from conftest import (IMPLS, assert_close, device_for, dtypes_for, plain_attention,
+from conftest import (IMPLS, assert_close, device_for, dtypes_for, gpu, plain_attention,
                       poison_allocator, random_inputs)
 
 
@@ -64,6 +64,18 @@ def test_head_dims(impl, H):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_gqa(impl, N, K, is_causal):
     check_backward(impl, 2, 65, 97, N, K, 64, jnp.bfloat16, is_causal)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [64, 128])
+@pytest.mark.parametrize("N,K", [(8, 8), (16, 8)])
+def test_tail_split_mixed_grid(H, N, K):
+    """More key-block units than an H100 / H200 has SMs, with a remainder (160 units of
+    128 keys on 132 SMs: 132 run whole, the last 28 are cut into query-range slices whose
+    dK / dV go through the f32 partial sums, cuda/sm90/bwd_tail.cuh), a partial last key
+    block and T not a multiple of the 64-row query blocks: the Hopper backward's mixed grid."""
+    check_backward("cuda", 2, 1200, 1200, N, K, H, jnp.bfloat16, False)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
