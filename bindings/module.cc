@@ -99,8 +99,8 @@ NB_MODULE(_jaxattn, m) {
 #endif
     return "sm80";
   });
-  // Rows per unit of the Hopper backward's tail-split workspace, 0 when the kernels were
-  // built without the experiment (jaxattn/_ffi_calls.py sizes that workspace with it).
+  // Rows per unit of the Hopper backward's tail-split workspace, 0 when the Hopper kernels
+  // are not built (jaxattn/_ffi_calls.py sizes that workspace with it).
   m.def("cuda_bwd_tail_rows", []() -> int {
 #ifdef JAXATTN_WITH_SM90
     return jaxattn::cuda::sm90_bwd_tail_rows();

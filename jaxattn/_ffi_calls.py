@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._extension import _jaxattn, register_targets
+from .dispatch import _compute_capability
 
 _VMAP = "broadcast_all"
 # Query rows per dQ-ordering counter of the deterministic backward
@@ -185,11 +186,11 @@ def _has_masks(attrs) -> bool:
 def _dkv_tail_type(k, *, split: bool):
     """The Hopper backward's tail-split workspace (cuda/sm90/bwd_tail.cuh): f32 [units, 2,
     rows, H] for calls that may split (`split`: unmasked, non-causal, not deterministic)
-    at head dims 64 / 128 when the Hopper kernels were built (rows > 0), else a
-    placeholder [1] the kernels never see."""
+    at head dims 64 / 128 when the Hopper kernels were built (rows > 0) and the GPU is a
+    Hopper one, else a placeholder [1] the kernels never see."""
     rows = int(getattr(_jaxattn, "cuda_bwd_tail_rows", lambda: 0)())
     B, S, K, H = k.shape
-    if rows == 0 or not split or H not in (64, 128):
+    if rows == 0 or not split or H not in (64, 128) or _compute_capability()[0] != 9:
         return jax.ShapeDtypeStruct((1,), jnp.float32)
     units = -(-S // 128) * K * B  # (key blocks of 128 at these head dims)
     return jax.ShapeDtypeStruct((max(1, min(units, TAIL_MAX_UNITS)), 2, rows, H), jnp.float32)

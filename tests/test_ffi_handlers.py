@@ -94,16 +94,20 @@ def test_cpu_handler_rejects_bad_dense_masks(what, operands, match):
 def test_backward_tail_split_workspace_shape(monkeypatch):
     """The Hopper backward's tail-split workspace (cuda/sm90/bwd_tail.cuh): whole units of
     [2, rows, H] f32, at most TAIL_MAX_UNITS of them, only for calls that may split at head
-    dims 64 / 128 in a build with the Hopper kernels; a placeholder [1] otherwise."""
+    dims 64 / 128 in a build with the Hopper kernels on a Hopper GPU; a placeholder [1] otherwise."""
     from jaxattn import _ffi_calls
 
     k = jax.ShapeDtypeStruct((2, 1000, 4, 128), jnp.bfloat16)  # 8 key blocks x 4 heads x 2 rows
     monkeypatch.setattr(_ffi_calls._jaxattn, "cuda_bwd_tail_rows", lambda: 128, raising=False)
+    monkeypatch.setattr(_ffi_calls, "_compute_capability", lambda: (9, 0))
     assert _ffi_calls._dkv_tail_type(k, split=True).shape == (64, 2, 128, 128)
     big = jax.ShapeDtypeStruct((4, 16384, 8, 64), jnp.bfloat16)  # 512 units: capped
     assert _ffi_calls._dkv_tail_type(big, split=True).shape == (_ffi_calls.TAIL_MAX_UNITS, 2, 128, 64)
     assert _ffi_calls._dkv_tail_type(k, split=False).shape == (1,)
     assert _ffi_calls._dkv_tail_type(jax.ShapeDtypeStruct((1, 512, 2, 256), jnp.bfloat16), split=True).shape == (1,)
+    monkeypatch.setattr(_ffi_calls, "_compute_capability", lambda: (8, 0))  # an A100: no Hopper kernels run
+    assert _ffi_calls._dkv_tail_type(k, split=True).shape == (1,)
+    monkeypatch.setattr(_ffi_calls, "_compute_capability", lambda: (9, 0))
     monkeypatch.setattr(_ffi_calls._jaxattn, "cuda_bwd_tail_rows", lambda: 0, raising=False)
     assert _ffi_calls._dkv_tail_type(k, split=True).shape == (1,)
 
