@@ -116,6 +116,17 @@ struct BwdMainloopWide {
     hptx::wgmma_commit();
   }
 
+  // A warpgroup's dQ, staged over `dq_stage` by all its threads, on to the global
+  // accumulator: one thread's TMA reduce-add once every write is in (deterministic
+  // mode: one add per warpgroup per key block, disjoint columns).
+  __device__ __forceinline__ static void add_staged_dq(const CUtensorMap* tm_dq, uint32_t dq_stage, const BwdTile& tile,
+                                                       const BwdArgs& args, int head, int q_base, int wg, int tid,
+                                                       const MaskView* dq_view) {
+    hptx::fence_proxy_async_smem();
+    hptx::named_bar_sync(2 + wg, 128);
+    if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg, dq_view);
+  }
+
   // Thread 0 of a warpgroup: once the reduce-add it issued from stage `stage`'s dQ
   // staging has read it, the stage goes back to the producer (none: stage < 0).
   __device__ __forceinline__ static void free_stage(const BwdSmem<Tr>& sm, int tid, int stage) {
@@ -259,10 +270,7 @@ struct BwdMainloopWide {
           hptx::wgmma_wait<0>();
           hptx::reg_fence_array(s);
         }
-        hptx::fence_proxy_async_smem();
-        hptx::named_bar_sync(2 + wg, 128);
-        // (deterministic mode: one add per warpgroup per key block, disjoint columns)
-        if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg, dq_view);
+        add_staged_dq(tm_dq, dq_stage, tile, args, head, q_base, wg, tid, dq_view);
         pending_stage = pipe.stage;
         pipe.advance();
         buf ^= 1;

@@ -187,10 +187,7 @@ struct BwdMainloopWideRoles {
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(acc);
         store_acc_f32_sw128<kDqCols, true>(acc, dq_stage + (kDqCols / 32) * kBlockM * 128, kBlockM * 128, row, t);
-        hptx::fence_proxy_async_smem();
-        hptx::named_bar_sync(2 + wg, 128);
-        // (deterministic mode: one add per warpgroup per key block, disjoint columns)
-        if (tid == 0) Base::add_dq(tm_dq, dq_stage, tile, args, head, q_base, wg, dq_view);
+        Wide::add_staged_dq(tm_dq, dq_stage, tile, args, head, q_base, wg, tid, dq_view);
         pending_stage = pipe.stage;
         pipe.advance();
         buf ^= 1;
