@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     const int wg = warpgroup - 1;
     const int tid = threadIdx.x % 128;
     float dk[Tr::kAccRegs], dv[Tr::kAccRegs];
-    constexpr bool kRoles = Tr::kWide && !kMasked && kBwd256Roles;  // (experiment: dk / dv are its lo / hi)
+    constexpr bool kRoles = Tr::kWide && !kMasked;  // (dk / dv are its lo / hi: dV in wg 0, dK in wg 1)
     if constexpr (kRoles)
       BwdMainloopWideRoles<Tr>::template consume<kCausal>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid, dq_view);
     else if constexpr (Tr::kWide)

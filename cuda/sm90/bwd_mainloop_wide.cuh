@@ -14,11 +14,9 @@
 //      and one thread adds it to the global accumulator with a TMA reduce-add. The
 //      stage goes back to the producer when that reduce has read it: checked at
 //      the next step, after its first wgmmas are issued.
-// Unmasked (Tr::kWideSplitDq): dQ is two 64-column halves, staged without bank
-// conflicts, and the next step's S^T is issued between the two halves' staging
-// (non-causal: before both, JAXATTN_EXP_BWD256_EARLY_ST), so the step after begins with
-// S^T done and its P^T runs under dP^T (+10-13% non-causal, +0-1% causal on the H=256
-// backward).
+// Masked calls only: the unmasked ones take BwdMainloopWideRoles
+// (bwd_mainloop_wide_roles.cuh), which splits the step by role instead of by query
+// columns (+9-18% on the H=256 backward, session 33 run 1).
 #pragma once
 
 #include <cuda.h>
@@ -32,17 +30,6 @@
 #include "sm90/bwd_traits.cuh"
 #include "sm90/fwd_smem.cuh"  // PipeState
 #include "sm90/smem_rows.cuh"
-
-// The next step's S^T issued right after the dV / dK barrier, before either dQ half
-// is staged (its wgmmas queue behind the dQ halves; live then: dK, dV, both dQ halves
-// and S^T, ~208 of 240; no spills). 1: non-causal split kernels (default), 2: causal
-// too, 0: never. H200, session 28 run 1, standalone H=256 backward, against S^T issued
-// between the two halves' staging: non-causal -1.5 / 0 / +4.5% (T = 1K / 4K / 16K),
-// causal -1 / -0.7 / 0%; run 2, with the L2 hints: non-causal -3..-5 / 0 / +4.5%,
-// causal -2 / -4 / -4% (so 1).
-#ifndef JAXATTN_EXP_BWD256_EARLY_ST
-#define JAXATTN_EXP_BWD256_EARLY_ST 1
-#endif
 
 namespace jaxattn::sm90 {
 
@@ -137,12 +124,12 @@ struct BwdMainloopWide {
   }
 
   // wg: consumer warpgroup (0 or 1); tid: thread in it (0..127).
-  // kMasked: as BwdMainloop::consume.
-  template <bool kCausal, bool kMasked = false>
+  // kMasked: as BwdMainloop::consume (always, here: unmasked calls take the roles loop).
+  template <bool kCausal, bool kMasked>
   __device__ static void consume(float (&dk)[kAccRegs], float (&dv)[kAccRegs], const CUtensorMap* tm_dq,
                                  const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args, int wg,
                                  int tid, const MaskView* mask_view = nullptr, const MaskView* dq_view = nullptr) {
-    static_assert(!(kCausal && kMasked), "masked kernels take causal from the MaskView");
+    static_assert(kMasked && !kCausal, "masked kernels (causal from the MaskView); unmasked: BwdMainloopWideRoles");
     constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int key_cta0 = tile.key_first;  // first key of this CTA
@@ -152,9 +139,7 @@ struct BwdMainloopWide {
 
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) dk[i] = dv[i] = 0.f;
-    constexpr bool kSplit = Tr::kWideSplitDq && !kMasked;
-    constexpr int kDqCols = kSplit ? kHalf / 2 : kHalf;  // columns of one dQ accumulator
-    float s[kSRegs], dp[kSRegs], dq[kDqCols / 2], dq_b[kSplit ? kDqCols / 2 : 1];
+    float s[kSRegs], dp[kSRegs], dq[kHalf / 2];
     uint32_t pk[kSRegs / 2];
     BwdStepMask<kMasked, kQCols> mask(mask_view, args.attn, key0);
     mask.begin(tile.m_begin < tile.m_end ? tile.q_row<Tr>(tile.m_begin) + wg * kQCols : -1);
@@ -163,34 +148,19 @@ struct BwdMainloopWide {
     Pipe pipe;
     int buf = 0;
     int pending_stage = -1;  // stage whose dQ reduce-add may still be reading it (thread 0)
-    const int n_steps = tile.steps(args.group);
-    int step = 0;
-    // kSplit: each step's S^T goes out at the end of the step before (the first step's
-    // here) and is done when the step begins; dP^T at the top. (An S^T still in flight
-    // across the loop's back edge serialised every wgmma: ptxas C7514.)
-    if (kSplit && n_steps > 0) {
-      issue_s<kAdd>(s, sm, pipe, wg);
-      hptx::wgmma_wait<0>();
-      hptx::reg_fence_array(s);
-    }
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
-      for (int m = tile.m_begin; m < tile.m_end; ++m, ++step) {
+      for (int m = tile.m_begin; m < tile.m_end; ++m) {
         const int q_base = tile.q_row<Tr>(m), q0 = q_base + wg * kQCols;
 
-        if constexpr (!kSplit) {
-          issue_s<kAdd>(s, sm, pipe, wg);
-          issue_dp<kAdd>(dp, sm, pipe, wg, false);
-        } else {
-          issue_dp<kAdd>(dp, sm, pipe, wg);
-        }
+        issue_s<kAdd>(s, sm, pipe, wg);
+        issue_dp<kAdd>(dp, sm, pipe, wg, false);
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
         const int next_m = Base::next_step_block(tile, args.group, hg, m);
         mask.load_ids(next_m < 0 ? -1 : tile.q_row<Tr>(next_m) + wg * kQCols, t);
 
         // The previous step's reduce-add has read its staging: that stage is free.
-        // (kSplit: after P^T, below.)
-        if constexpr (!kSplit) free_stage(sm, tid, pending_stage);
+        free_stage(sm, tid, pending_stage);
 
         // This warpgroup's lse / D columns from the stage's stats tile, in flight while
         // S^T finishes (loading them after the S^T wait, as at head dim 128, measured
@@ -204,16 +174,10 @@ struct BwdMainloopWide {
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(s);
         mask.apply(s, args.attn, key_cta0, key0, q0, t);
-        const bool need_mask = !kMasked && (key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q0));
-        Base::template probs<kCausal, kQCols>(s, lse_c, q0, key0, S, sl2, need_mask, t);
+        Base::template probs<kCausal, kQCols>(s, lse_c, q0, key0, S, sl2, false, t);  // (masked by the view)
 #pragma unroll
         for (int i = 0; i < kSRegs / 2; ++i) pk[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
         store_packed_sw128<kQCols>(pk, sm.pt(buf), 0, warp * 16 + g, t, wg * kQCols);
-        // (kSplit: the previous stage is released here, once P^T is out of the way: this
-        // step's S^T was done when it began, so there is nothing else to hide the read
-        // of the add behind; the producer refills the stage during dS^T and dV / dK / dQ.)
-        if constexpr (kSplit) free_stage(sm, tid, pending_stage);
-
         // (dV issued here, under dS^T, behind one more barrier of both warpgroups:
         // -3 to -8% non-causal, +0-1% causal, session 28 run 1.)
         hptx::wgmma_wait<0>();
@@ -230,46 +194,17 @@ struct BwdMainloopWide {
         issue_kv<kAdd>(dv, sm.pt(buf), do_tile, wg);
         issue_kv<kAdd>(dk, sm.ds(buf), q_tile, wg);
         hptx::wgmma_commit();
-        issue_dq<kAdd, kDqCols>(dq, sm.ds(buf), sm.k(), wg, 0);
+        issue_dq<kAdd>(dq, sm.ds(buf), sm.k(), wg);
         hptx::wgmma_commit();
-        if constexpr (kSplit) {
-          issue_dq<kAdd, kDqCols>(dq_b, sm.ds(buf), sm.k(), wg, 1);
-          hptx::wgmma_commit();
-        }
-
         // dV / dK done here and (barrier) in the other warpgroup: Q / dO are free.
-        hptx::wgmma_wait<kSplit ? 2 : 1>();
+        hptx::wgmma_wait<1>();
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
         hptx::named_bar_sync(1, 256);
-        constexpr bool kEarlySt = kSplit && (JAXATTN_EXP_BWD256_EARLY_ST == 2 || (JAXATTN_EXP_BWD256_EARLY_ST == 1 && !kCausal));
-        Pipe next = pipe;  // (kSplit: the stage of the S^T issued in this tail)
-        next.advance();
-        if constexpr (kEarlySt) {
-          issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);  // (last step: throwaway)
-          hptx::wgmma_wait<2>();
-        } else {
-          hptx::wgmma_wait<kSplit ? 1 : 0>();
-        }
+        hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dq);
         const uint32_t dq_stage = wg == 0 ? q_tile : do_tile;
-        // (kSplit: the stores without bank conflicts, kSpread: +0.5-3% non-causal and
-        // what made the split pay causal, session 27 run 3; the masked kernels keep the
-        // plain store, -0..-3% with the spread at H=256 causal unsplit, session 14.)
-        store_acc_f32_sw128<kDqCols, kSplit>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
-        if constexpr (kSplit) {
-          // The next step's S^T into the registers the first half freed, then the
-          // second half staged while it runs. (After the last step: a throwaway S^T of
-          // the other stage, unwaited; its registers are dead. Issued behind a branch,
-          // ptxas serialised the wgmmas: C7515.)
-          if constexpr (!kEarlySt) issue_s<kAdd>(s, sm, next, wg, step + 1 < n_steps);
-          hptx::wgmma_wait<1>();
-          hptx::reg_fence_array(dq_b);
-          store_acc_f32_sw128<kDqCols, kSplit>(dq_b, dq_stage + (kDqCols / 32) * kBlockM * 128, kBlockM * 128,
-                                       warp * 16 + g, t);
-          hptx::wgmma_wait<0>();
-          hptx::reg_fence_array(s);
-        }
+        store_acc_f32_sw128<kHalf>(dq, dq_stage, kBlockM * 128, warp * 16 + g, t);
         add_staged_dq(tm_dq, dq_stage, tile, args, head, q_base, wg, tid, dq_view);
         pending_stage = pipe.stage;
         pipe.advance();

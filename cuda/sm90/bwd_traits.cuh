@@ -145,20 +145,11 @@ struct BwdTraits {
   // H=64 / 128 within noise (so wide only). (The deterministic adds wait on key blocks
   // in query-block order; causal CTAs already start at their own diagonals.)
   static constexpr bool kRotateQ = kWide;
-  // Wide: dQ as two 64-column wgmmas; the first half staged, then the next step's S^T
-  // issued (into the registers the half freed) and the second half staged while it
-  // runs; the next step then starts with S^T done (its P^T under dP^T). (Both
-  // products issued before any staging kept dK, dV, dQ and S^T / dP^T live at once
-  // and spilled 192-576 bytes; here at most dK, dV, half of dQ and S^T: ~176 of 240;
-  // ptxas: no spills, no serialisation.) H200, session 26 run 5, standalone, against
-  // the whole dQ staged first: non-causal +10.9 / +10.1 / +9.8% (T = 1K / 4K / 16K),
-  // causal -3.1 / -4.7 / -2.7%. With the staging stores made conflict-free (kSpread,
-  // session 27 run 3, same call): non-causal +2 / +3.4 / +0.5% more, causal +1 / +1 / 0%
-  // against the unsplit kernel; so every unmasked wide kernel (BwdMainloopWide::consume;
-  // the masked ones were not measured with it). Tried and dropped there: the stage
-  // released at the step's top (-5 to -12%), the causal kernel's descriptors by addition
-  // (no change), warpgroups in roles (S^T / P^T in one, dP^T / dS^T in the other: -6 to -10%).
-  static constexpr bool kWideSplitDq = kWide;
+  // Wide, unmasked: BwdMainloopWideRoles (warpgroup 0 S^T / P / dV, 1 dP^T / dS / dK,
+  // all 256 columns each; +9-18% on the H=256 backward over the split-by-columns loop
+  // with its dQ in two halves and the next S^T between them, session 33 run 1). (An
+  // earlier role split that kept dV / dK split by columns, S^T / P^T in one warpgroup
+  // and dP^T / dS^T in the other, measured -6 to -10%: session 27 run 3.)
   static constexpr int kNumBars =
       1 + 2 * kStages + (kDqWarp ? 2 * kConsumerWarpgroups : 0) + (kSkewDq ? 4 : 0);
   // Arrivals that free a Q / dO stage: one per consumer warp; wide: one per
