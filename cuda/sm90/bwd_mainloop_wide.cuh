@@ -85,24 +85,6 @@ struct BwdMainloopWide {
       hptx::wgmma_ss_t<Elem, kCols, 1, 1>(dq, a.at(kk * 16 * 128), b.at(kk * 16 * 128), kk > 0 ? 1 : 0);
   }
 
-  // S^T (one commit group) of the step in `stage`, once it has landed (`wait`); then its
-  // dP^T (another).
-  template <bool kAdd>
-  __device__ __forceinline__ static void issue_s(float (&s)[kSRegs], const BwdSmem<Tr>& sm, const Pipe& stage, int wg,
-                                                 bool wait = true) {
-    if (wait) hptx::mbar_wait(sm.bar_q_full(stage.stage), stage.phase);
-    hptx::wgmma_fence();
-    issue_abT<kAdd>(s, sm.k(), sm.q(stage.stage), wg);
-    hptx::wgmma_commit();
-  }
-  template <bool kAdd>
-  __device__ __forceinline__ static void issue_dp(float (&dp)[kSRegs], const BwdSmem<Tr>& sm, const Pipe& stage,
-                                                  int wg, bool fence = true) {
-    if (fence) hptx::wgmma_fence();  // (not right behind issue_s: its fence covers both)
-    issue_abT<kAdd>(dp, sm.v(), sm.dout(stage.stage), wg);
-    hptx::wgmma_commit();
-  }
-
   // A warpgroup's dQ, staged over `dq_stage` by all its threads, on to the global
   // accumulator: one thread's TMA reduce-add once every write is in (deterministic
   // mode: one add per warpgroup per key block, disjoint columns).
@@ -153,8 +135,12 @@ struct BwdMainloopWide {
       for (int m = tile.m_begin; m < tile.m_end; ++m) {
         const int q_base = tile.q_row<Tr>(m), q0 = q_base + wg * kQCols;
 
-        issue_s<kAdd>(s, sm, pipe, wg);
-        issue_dp<kAdd>(dp, sm, pipe, wg, false);
+        hptx::mbar_wait(sm.bar_q_full(pipe.stage), pipe.phase);
+        hptx::wgmma_fence();
+        issue_abT<kAdd>(s, sm.k(), sm.q(pipe.stage), wg);  // S^T, one commit group
+        hptx::wgmma_commit();
+        issue_abT<kAdd>(dp, sm.v(), sm.dout(pipe.stage), wg);  // dP^T, another
+        hptx::wgmma_commit();
         const uint32_t q_tile = sm.q(pipe.stage), do_tile = sm.dout(pipe.stage);
         const int next_m = Base::next_step_block(tile, args.group, hg, m);
         mask.load_ids(next_m < 0 ? -1 : tile.q_row<Tr>(next_m) + wg * kQCols, t);
