@@ -30,7 +30,9 @@ at the clock the mix sets: an implementation that draws less power per clock
 `--settle-ms 1500 --turn-samples 5` runs each implementation untimed for
 1.5 s before each of its turns, measuring each at its own clock (session 17:
 the portable H=128 T=16K forward read 324 TFLOP/s beside cuDNN at 1 sample a
-turn and 348 alone).
+turn and 348 alone). `--clocks` samples the SM clock and board power through NVML
+during the timed samples (benchmarks/gpu_clock.py) and reports each implementation's
+medians beside its time ("clock" in the JSON, a column of the table).
 Inputs rotate over 3 sets when one set (q, k, v[, dout]) is smaller than
 `--rotate-below-mib` (default 128 MiB, about 2x an H200's L2), so that no
 timed run finds its inputs in a warm L2. At the default GPU sizes a single
@@ -154,6 +156,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default 0); the H200 runs power-capped and its clock follows a ~1 s average "
                         "of the power, so in a round robin of ~20 ms samples every implementation "
                         "runs at the clock the mix sets; ~1500 measures each at its own")
+    p.add_argument("--clocks", action="store_true",
+                   help="GPU: sample the SM clock and board power (NVML, benchmarks/gpu_clock.py) "
+                        "during the timed samples; per implementation medians in the JSON ('clock') "
+                        "and the table")
     p.add_argument("--turn-samples", type=int, default=1,
                    help="timed samples per implementation per round-robin turn (default 1)")
     p.add_argument("--warmup", type=int, default=None,
@@ -412,7 +418,9 @@ def sample(jax, state: dict, arg_sets, i: int) -> None:
         t = time.perf_counter()
         outs = [compiled(*arg_sets[(i * inner + j) % n]) for j in range(inner)]
         jax.block_until_ready(outs)
-        state["times"].append((time.perf_counter() - t) / inner)
+        t_end = time.perf_counter()
+        state["times"].append((t_end - t) / inner)
+        state.setdefault("windows", []).append((t, t_end))  # (for --clocks)
         del outs
     except Exception as e:  # noqa: BLE001
         e.phase = "run"  # type: ignore[attr-defined]
@@ -583,6 +591,9 @@ def run_row(args, jax, jnp, jaxattn, device, row: dict, idx: int) -> tuple[dict,
                 fatal = True
                 break
     per_turn = max(1, args.turn_samples)
+    sampler = getattr(args, "clock_sampler", None)
+    if sampler is not None:
+        sampler.clear()
     for turn in range(-(-args.reps // per_turn)):
         if fatal:
             break
@@ -609,6 +620,8 @@ def run_row(args, jax, jnp, jaxattn, device, row: dict, idx: int) -> tuple[dict,
             continue
         stats = stats_of(state)
         stats["tflops"] = flops / (stats["median_ms"] * 1e-3) / 1e12
+        if sampler is not None:
+            stats["clock"] = sampler.stats(state.get("windows", []))
         rec["results"][impl] = stats
     del states
 
@@ -644,12 +657,22 @@ def ratio_base(impl_list) -> str:
     return "cudnn" if "cudnn" in impl_list else "xla"
 
 
+def fmt_clock(c) -> str:
+    if not c or c.get("sm_clock_mhz") is None:
+        return "-"
+    return f"{c['sm_clock_mhz']:.0f} / {c['power_w']:.0f}"
+
+
 def markdown_table(records: list[dict], impl_list) -> str:
     base = ratio_base(impl_list)
     show_dtype = len({r["dtype"] for r in records}) > 1
     head = ["pass"] + (["dtype"] if show_dtype else []) + ["H", "T", "causal", "jaxattn TFLOP/s"]
     head += [i for i in ("jaxattn_sm80", "cudnn", "xla") if i in impl_list]
-    head += [f"ratio to {base}", "kernel"]
+    head += [f"ratio to {base}"]
+    clocks = any((r["results"].get(i) or {}).get("clock") for r in records for i in ("jaxattn", base))
+    if clocks:
+        head += [f"SM MHz / W jaxattn, {base}"]
+    head += ["kernel"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     notes: dict[tuple[str, str], int] = {}
     bad_checks = []
@@ -668,6 +691,8 @@ def markdown_table(records: list[dict], impl_list) -> str:
                 notes[(impl, why)] = notes.get((impl, why), 0) + 1
         ratio = r.get(f"ratio_to_{base}")
         cells.append("n/a" if ratio is None else f"{ratio:.2f}")
+        if clocks:
+            cells.append(", ".join(fmt_clock((res.get(i) or {}).get("clock")) for i in ("jaxattn", base)))
         kernel = r.get("kernel") or "-"
         if kernel.startswith("error:"):
             kernel = "n/a (error)"
@@ -944,6 +969,20 @@ def main(argv=None) -> int:
         f"jaxattn from {env['jaxattn_file']} (cuda kernels: {env['jaxattn_built_with_cuda']}), "
         f"dispatch overhead {env['dispatch_overhead_us']} us")
 
+    args.clock_sampler = None
+    if args.clocks:
+        if device.platform != "gpu":
+            log("--clocks: not a GPU run, no clock sampling")
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import gpu_clock
+
+            try:
+                args.clock_sampler = gpu_clock.ClockSampler(gpu_clock.nvml_index(device.id))
+            except (OSError, RuntimeError, AttributeError) as e:
+                log(f"--clocks: NVML unavailable ({short_reason(e)}); no clock sampling")
+    config["clocks"] = args.clock_sampler is not None
+
     signal.signal(signal.SIGTERM, _raise_interrupt)
     start = time.perf_counter()
     status = 0
@@ -965,7 +1004,8 @@ def main(argv=None) -> int:
             for impl in args.impl_list:
                 e = rec["results"].get(impl) or {}
                 if e.get("tflops") is not None:
-                    parts.append(f"{impl} {e['median_ms']:.3f} ms {fmt_tf(e['tflops'])} TF/s")
+                    clock = f" @ {fmt_clock(e['clock'])}" if e.get("clock") else ""
+                    parts.append(f"{impl} {e['median_ms']:.3f} ms {fmt_tf(e['tflops'])} TF/s{clock}")
                 else:
                     parts.append(f"{impl} n/a ({(e.get('skipped') or e.get('error') or '?')[:80]})")
             base = ratio_base(args.impl_list)
@@ -994,6 +1034,8 @@ def main(argv=None) -> int:
         doc["interrupted"] = True
         for row in rows[len(doc["rows"]):]:
             doc["rows"].append(skipped_record(row, args.impl_list, "skipped: interrupted"))
+    if args.clock_sampler is not None:
+        args.clock_sampler.close()
     doc["complete"] = status != 130 and stop_reason is None
     doc["stopped"] = stop_reason
     doc["elapsed_s"] = round(time.perf_counter() - start, 1)
