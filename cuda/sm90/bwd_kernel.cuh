@@ -217,9 +217,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     const int wg = warpgroup - 1;
     const int tid = threadIdx.x % 128;
     float dk[Tr::kAccRegs], dv[Tr::kAccRegs];
-    constexpr bool kRoles = Tr::kWide && !kMasked;  // (dk / dv are its lo / hi: dV in wg 0, dK in wg 1)
+    // (dk / dv are its lo / hi: dV in wg 0, dK in wg 1; masked: experiment)
+    constexpr bool kRoles = Tr::kWide && (!kMasked || kBwd256RolesMasked);
     if constexpr (kRoles)
-      BwdMainloopWideRoles<Tr>::template consume<kCausal>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid, dq_view);
+      BwdMainloopWideRoles<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
+                                                                   &mask_view, dq_view);
     else if constexpr (Tr::kWide)
       BwdMainloopWide<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
                                                               &mask_view, dq_view);

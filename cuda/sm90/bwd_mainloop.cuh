@@ -86,6 +86,18 @@ struct BwdStepMask {
       mask_tile_where_needed<false, 64, false>(s, *view, key_first, key0, q0, t, segments, seg);
     }
   }
+  // Pair i of P times the cap's gradient factor (what chain_grads multiplies dS^T by;
+  // for a warpgroup that forms dS^T from P without this mask: BwdMainloopWideRoles).
+  __device__ __forceinline__ float2 chained_pair(float x, float y, int i) const {
+    if constexpr (kMasked) {
+      if (capped) {
+        const float2 g = ptx::unpack2<__half>(grad[i]);
+        return make_float2(x * g.x, y * g.y);
+      }
+    }
+    (void)i;
+    return make_float2(x, y);
+  }
   // dS^T of the capped logits -> of the raw ones (times the cap's gradient).
   __device__ __forceinline__ void chain_grads(float (&ds)[kCols / 2]) const {
     if constexpr (kMasked) {

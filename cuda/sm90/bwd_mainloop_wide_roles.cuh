@@ -28,6 +28,11 @@
 // BwdMainloopWide needs before staging goes. The slots are double-buffered: a
 // warpgroup rewrites slot b two steps later, after the other has passed the
 // hand-off of the step between (so it has read slot b).
+// Masked calls (experiment -DJAXATTN_EXP_BWD256_ROLES_MASKED=1; not yet run on a GPU):
+// warpgroup 0 applies the mask to S^T (BwdStepMask over all 64 query columns) and
+// sends P times the soft cap's gradient factor instead of P, so warpgroup 1's dS^T =
+// (P g)(dP^T - D) comes out chained with no mask state of its own (P g in [0, 1]: f16
+// keeps it as it keeps P).
 // H200, session 33 run 1, standalone H=256 backward against BwdMainloopWide's unmasked
 // form (dQ in two halves, the next S^T between them): non-causal +16 / +17 / +18%,
 // causal +9 / +12 / +10% (T = 1K / 4K / 16K).
@@ -44,7 +49,14 @@
 #include "sm90/fwd_smem.cuh"  // PipeState
 #include "sm90/smem_rows.cuh"
 
+#ifndef JAXATTN_EXP_BWD256_ROLES_MASKED
+#define JAXATTN_EXP_BWD256_ROLES_MASKED 0
+#endif
+
 namespace jaxattn::sm90 {
+
+// Whether the masked head-dim-256 kernels take the role split too (experiment).
+inline constexpr bool kBwd256RolesMasked = JAXATTN_EXP_BWD256_ROLES_MASKED != 0;
 
 template <class Tr>
 struct BwdMainloopWideRoles {
@@ -79,11 +91,13 @@ struct BwdMainloopWideRoles {
 
   // wg: consumer warpgroup (0: S^T / P / dV, 1: dP^T / dS / dK); tid: thread in it.
   // lo / hi: its accumulator (dV for 0, dK for 1), head-dim columns 0..127 / 128..255.
-  template <bool kCausal>
+  // kMasked: as BwdMainloop::consume (the MaskView in mask_view; warpgroup 0 applies it).
+  template <bool kCausal, bool kMasked = false>
   __device__ static void consume(float (&lo)[kHalfRegs], float (&hi)[kHalfRegs], const CUtensorMap* tm_dq,
                                  const BwdSmem<Tr>& sm, const BwdTile& tile, const BwdArgs& args, int wg, int tid,
-                                 const MaskView* dq_view = nullptr) {
-    constexpr bool kAdd = Tr::template desc_add<kCausal, false>();
+                                 const MaskView* mask_view = nullptr, const MaskView* dq_view = nullptr) {
+    static_assert(!(kCausal && kMasked), "masked kernels take causal from the MaskView");
+    constexpr bool kAdd = Tr::template desc_add<kCausal, kMasked>();
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int key_cta0 = tile.key_first;
     const int key0 = key_cta0 + warp * 16 + g;  // this thread's h = 0 key row
@@ -95,6 +109,8 @@ struct BwdMainloopWideRoles {
     for (int i = 0; i < kHalfRegs; ++i) lo[i] = hi[i] = 0.f;
     float acc[kSRegs], dq[kDqCols / 2];  // (acc: S^T / dP^T, then the second dQ half)
     uint32_t pk[kPRegs];
+    BwdStepMask<kMasked, kBlockM> mask(mask_view, args.attn, key0);  // (used by warpgroup 0 only)
+    if (wg == 0) mask.begin(tile.m_begin < tile.m_end ? tile.q_row<Tr>(tile.m_begin) : -1);
 
     hptx::mbar_wait(sm.bar_kv(), 0);
     Pipe pipe;
@@ -111,6 +127,12 @@ struct BwdMainloopWideRoles {
         hptx::wgmma_fence();
         Wide::template issue_abT<kAdd, kBlockM>(acc, wg == 0 ? sm.k() : sm.v(), wg == 0 ? q_tile : do_tile, 0);
         hptx::wgmma_commit();
+        if constexpr (kMasked) {
+          if (wg == 0) {
+            const int next_m = Base::next_step_block(tile, args.group, hg, m);
+            mask.load_ids(next_m < 0 ? -1 : tile.q_row<Tr>(next_m), t);
+          }
+        }
         // The previous step's reduce-add has read its staging: that stage is free.
         Wide::free_stage(sm, tid, pending_stage);
         float2 col[kBlockM / 8];  // lse (wg 0) or D (wg 1) of the 64 query columns
@@ -119,17 +141,22 @@ struct BwdMainloopWideRoles {
         hptx::reg_fence_array(acc);
 
         if (wg == 0) {
-          const bool need_mask = key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q_base);
+          mask.apply(acc, args.attn, key_cta0, key0, q_base, t);
+          const bool need_mask =
+              !kMasked && (key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q_base));
           Base::template probs<kCausal, kBlockM>(acc, col, q_base, key0, S, sl2, need_mask, t);
-          if constexpr (!std::is_same_v<Elem, __half>) {
-            uint32_t ph[kPRegs];
+          if constexpr (kMasked || !std::is_same_v<Elem, __half>) {
+            uint32_t ph[kPRegs];  // (masked: P times the cap's gradient, for warpgroup 1's dS^T)
 #pragma unroll
-            for (int i = 0; i < kPRegs; ++i) ph[i] = ptx::pack2<__half>(acc[2 * i], acc[2 * i + 1]);
+            for (int i = 0; i < kPRegs; ++i) {
+              const float2 x = mask.chained_pair(acc[2 * i], acc[2 * i + 1], i);
+              ph[i] = ptx::pack2<__half>(x.x, x.y);
+            }
             store_packed_sw128<kBlockM>(ph, sm.pt(buf), 0, row, t);
           }
 #pragma unroll
           for (int i = 0; i < kPRegs; ++i) pk[i] = ptx::pack2<Elem>(acc[2 * i], acc[2 * i + 1]);
-          if constexpr (std::is_same_v<Elem, __half>) store_packed_sw128<kBlockM>(pk, sm.pt(buf), 0, row, t);
+          if constexpr (!kMasked && std::is_same_v<Elem, __half>) store_packed_sw128<kBlockM>(pk, sm.pt(buf), 0, row, t);
           hptx::named_bar_arrive(kBarP, 256);  // P of this step in slot buf
           hptx::wgmma_fence();
           issue_rs<kAdd>(lo, hi, pk, do_tile);  // dV += P^T dO
