@@ -15,14 +15,16 @@
 //
 // Head dim 256 ("wide": dK + dV of 64 keys x 256 do not fit one warpgroup's
 // registers): a CTA owns kBlockN = 64 keys and both consumer warpgroups work on
-// all of them, each for one half of the head dim. Per query block warpgroup w
-// computes S^T and dP^T for query columns 32 w .. 32 w + 31 (wgmma N = 32), writes
-// its P^T and dS^T columns to shared memory, and after a barrier of both
-// computes, for head-dim columns 128 w .. 128 w + 127,
-//   dV += P^T dO, dK += dS^T Q, dQ = dS K        (wgmma, A and B from smem)
-// dQ is staged in the step's own Q (warpgroup 0) / dO (warpgroup 1) buffer once
-// both warpgroups are done reading it, and the stage is handed back to the
-// producer after the reduce-add has read it (bwd_mainloop_wide.cuh).
+// all of them. Unmasked calls split each step by role (bwd_mainloop_wide_roles.cuh):
+// warpgroup 0 computes S^T, P^T and dV += P^T dO for all 256 columns, warpgroup 1
+// dP^T, dS^T and dK += dS^T Q (P handed over through shared memory), and each
+// computes dQ = dS K for 128 of the columns. Masked calls split it by query columns
+// (bwd_mainloop_wide.cuh): warpgroup w computes S^T and dP^T for query columns
+// 32 w .. 32 w + 31 (wgmma N = 32), writes its P^T and dS^T columns to shared memory,
+// and after a barrier of both computes dV, dK and dQ for head-dim columns
+// 128 w .. 128 w + 127. Either way dQ is staged in the step's own Q / dO buffer once
+// nobody reads it any more, and the stage is handed back to the producer after the
+// reduce-add has read it.
 #pragma once
 
 #include <cuda_bf16.h>
