@@ -18,7 +18,6 @@
 #include "sm90/bwd_mainloop.cuh"
 #include "sm90/bwd_mainloop_rows.cuh"
 #include "sm90/bwd_mainloop_wide.cuh"
-#include "sm90/bwd_mainloop_wide_roles.cuh"
 #include "sm90/bwd_traits.cuh"
 #include "sm90/bwd_tail.cuh"
 #include "sm90/tile_mask.cuh"
@@ -217,12 +216,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     const int wg = warpgroup - 1;
     const int tid = threadIdx.x % 128;
     float dk[Tr::kAccRegs], dv[Tr::kAccRegs];
-    // (dk / dv are its lo / hi: dV in wg 0, dK in wg 1; masked: experiment)
-    constexpr bool kRoles = Tr::kWide && (!kMasked || kBwd256RolesMasked);
-    if constexpr (kRoles)
-      BwdMainloopWideRoles<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
-                                                                   &mask_view, dq_view);
-    else if constexpr (Tr::kWide)
+    if constexpr (Tr::kWide)  // (dk / dv are its lo / hi: dV in wg 0, dK in wg 1)
       BwdMainloopWide<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
                                                               &mask_view, dq_view);
     else if constexpr (Tr::kRows)
@@ -230,7 +224,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_sm90_kernel(const _
     else
       BwdMainloop<Tr>::template consume<kCausal, kMasked>(dk, dv, &params.tm_dq, sm, tile, args, wg, tid,
                                                           &mask_view, dq_view);
-    BwdEpilogue<Tr>::template store<kDoc, kRoles>(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);
+    BwdEpilogue<Tr>::template store<kDoc>(dk, dv, &params.tm_dk, &params.tm_dv, sm, tile, args, wg, tid);
   }
 }
 

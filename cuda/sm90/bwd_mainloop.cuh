@@ -87,7 +87,7 @@ struct BwdStepMask {
     }
   }
   // Pair i of P times the cap's gradient factor (what chain_grads multiplies dS^T by;
-  // for a warpgroup that forms dS^T from P without this mask: BwdMainloopWideRoles).
+  // for a warpgroup that forms dS^T from P without this mask: BwdMainloopWide).
   __device__ __forceinline__ float2 chained_pair(float x, float y, int i) const {
     if constexpr (kMasked) {
       if (capped) {

@@ -48,17 +48,17 @@ __device__ __forceinline__ void bwd_tail_unit(const BwdArgs& a, BwdTile& tile, i
 template <class Tr>
 __device__ __forceinline__ void bwd_tail_add_partial(const float (&dk)[Tr::kAccRegs], const float (&dv)[Tr::kAccRegs],
                                                      const BwdArgs& args, int slot, int wg, int warp, int g, int t) {
+  static_assert(!Tr::kWide, "no tail split at head dim 256 (its dK / dV live in different warpgroups)");
   constexpr int H = Tr::kHeadDim;
   float* const dk_sum = args.attn.dkv_tail + (size_t)slot * 2 * kTailRows * H;
   float* const dv_sum = dk_sum + kTailRows * H;
-  const int row0 = (Tr::kWide ? 0 : wg * 64) + warp * 16 + g;
-  const int col0 = Tr::kWide ? wg * Tr::kKvCols : 0;
+  const int row0 = wg * 64 + warp * 16 + g;
   const float scale = args.scale;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int j = 0; j < Tr::kKvCols / 8; ++j) {
-      const int at = (row0 + 8 * h) * H + col0 + 8 * j + 2 * t;
+      const int at = (row0 + 8 * h) * H + 8 * j + 2 * t;
       asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dk_sum + at), "f"(dk[4 * j + 2 * h] * scale),
                    "f"(dk[4 * j + 2 * h + 1] * scale)
                    : "memory");

@@ -15,16 +15,12 @@
 //
 // Head dim 256 ("wide": dK + dV of 64 keys x 256 do not fit one warpgroup's
 // registers): a CTA owns kBlockN = 64 keys and both consumer warpgroups work on
-// all of them. Unmasked calls split each step by role (bwd_mainloop_wide_roles.cuh):
-// warpgroup 0 computes S^T, P^T and dV += P^T dO for all 256 columns, warpgroup 1
-// dP^T, dS^T and dK += dS^T Q (P handed over through shared memory), and each
-// computes dQ = dS K for 128 of the columns. Masked calls split it by query columns
-// (bwd_mainloop_wide.cuh): warpgroup w computes S^T and dP^T for query columns
-// 32 w .. 32 w + 31 (wgmma N = 32), writes its P^T and dS^T columns to shared memory,
-// and after a barrier of both computes dV, dK and dQ for head-dim columns
-// 128 w .. 128 w + 127. Either way dQ is staged in the step's own Q / dO buffer once
-// nobody reads it any more, and the stage is handed back to the producer after the
-// reduce-add has read it.
+// all of them, each step split by role (bwd_mainloop_wide.cuh): warpgroup 0 computes
+// S^T, P^T (masked calls: the MaskView applied) and dV += P^T dO for all 256 columns,
+// warpgroup 1 dP^T, dS^T and dK += dS^T Q (P handed over through shared memory), and
+// each computes dQ = dS K for 128 of the columns. dQ is staged in the step's own Q /
+// dO buffer once nobody reads it any more, and the stage is handed back to the
+// producer after the reduce-add has read it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -110,7 +106,7 @@ struct BwdTraits {
   static constexpr int kChunks = kHeadDim / 64;
   static constexpr int kDqCols = kRows ? kHeadDim : kHeadDim / 2;        // dQ columns per warpgroup
   static constexpr int kDqRows = kRows ? 64 : kBlockM;                   // dQ rows per warpgroup
-  static constexpr int kKvCols = kWide ? kHeadDim / 2 : kHeadDim;        // dK / dV columns per warpgroup
+  static constexpr int kKvCols = kWide ? kHeadDim / 2 : kHeadDim;        // columns of a dK / dV array (wide: a half)
   static constexpr int kAccRegs = kKvCols / 2;                           // dK / dV floats per thread
   static constexpr int kDqChunks = kDqCols / 32;       // f32 chunks of them
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
@@ -147,9 +143,9 @@ struct BwdTraits {
   // H=64 / 128 within noise (so wide only). (The deterministic adds wait on key blocks
   // in query-block order; causal CTAs already start at their own diagonals.)
   static constexpr bool kRotateQ = kWide;
-  // Wide, unmasked: BwdMainloopWideRoles (warpgroup 0 S^T / P / dV, 1 dP^T / dS / dK,
-  // all 256 columns each; +9-18% on the H=256 backward over the split-by-columns loop
-  // with its dQ in two halves and the next S^T between them, session 33 run 1). (An
+  // Wide: BwdMainloopWide splits the step by role (warpgroup 0 S^T / P / dV, 1 dP^T /
+  // dS / dK, all 256 columns each; +9-18% on the unmasked H=256 backward over the
+  // split by query columns, session 33 run 1; masked fwd+bwd +8-17%, session 34). (An
   // earlier role split that kept dV / dK split by columns, S^T / P^T in one warpgroup
   // and dP^T / dS^T in the other, measured -6 to -10%: session 27 run 3.)
   static constexpr int kNumBars =
