@@ -30,7 +30,7 @@ struct BwdEpilogue {
                                const CUtensorMap* tm_dk, const CUtensorMap* tm_dv, const BwdSmem<Tr>& sm,
                                const BwdTile& tile, const BwdArgs& args, int wg, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    if constexpr (!Tr::kWide || kBwd256Tail) {  // (head dim 256: experiment only, bwd_tail.cuh)
+    if constexpr (!Tr::kWide) {  // (no tail split at head dim 256: bwd_launch.cuh)
       if (tile.tail_slot >= 0) {  // a slice of a unit: its partial sums, added from registers
         bwd_tail_add_partial<Tr>(dk, dv, args, tile.tail_slot, wg, warp, g, t);
         if (tid == 0) hptx::bulk_wait0();  // (this thread's dQ reduce-adds read shared memory)

@@ -108,15 +108,16 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
     grid.x = cuda::doc_tile_capacity(S);
   }
   // Tail split (sm90/bwd_tail.cuh): the last (units mod SMs) units cut into query-range
-  // slices. Not at head dim 256 (but with -DJAXATTN_EXP_BWD256_TAIL): with the split by
-  // query columns the last wave's CTAs ran faster with half the SMs idle, and the slices
-  // cost what the tail saved (session 31 run 4, -1.6 / 0%).
+  // slices. Not at head dim 256: there the last wave's CTAs already run faster with half
+  // the SMs idle, and the slices cost what the tail saves (split by query columns,
+  // session 31 run 4: -1.6 / 0%; role split, session 34 run 3: -1 to -3% at T=16K, 0 to
+  // -1.6% at 4K, standalone non-causal).
   int tail_units = 0;  // units split (R), each into kp.args.tail_slices CTAs
-  if (p.dkv_tail && (!Tr::kWide || kBwd256Tail) && !doc_tiles && !p.has_masks() && !p.is_causal && !p.deterministic && !Tr::kRows) {
+  if (p.dkv_tail && !Tr::kWide && !doc_tiles && !p.has_masks() && !p.is_causal && !p.deterministic && !Tr::kRows) {
     const int units = kp.args.n_kblocks * K * p.batch;
     const int sms = cuda::device_sms();
     const int slices = bwd_tail_slices(units, sms, (T + Tr::kBlockM - 1) / Tr::kBlockM, p.dkv_tail_units,
-                                       kHeadDim == 64 ? 3.0 : kHeadDim == 128 ? 8.0 : 4.0);
+                                       kHeadDim == 64 ? 3.0 : 8.0);
     if (slices > 0) {
       tail_units = units % sms;
       kp.args.tail_first = units - tail_units;

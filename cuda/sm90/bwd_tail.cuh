@@ -42,42 +42,28 @@ __device__ __forceinline__ void bwd_tail_unit(const BwdArgs& a, BwdTile& tile, i
   tile.batch = unit / (a.n_kblocks * K);
 }
 
-// Whether head dim 256 splits its tail too (experiment -DJAXATTN_EXP_BWD256_TAIL, not yet
-// run on a GPU: the split-by-columns loop lost with it, session 31 run 4; the role split
-// leans more on the tensor pipe, so the idle half of the last wave may cost more now).
-#ifndef JAXATTN_EXP_BWD256_TAIL
-#define JAXATTN_EXP_BWD256_TAIL 0
-#endif
-inline constexpr bool kBwd256Tail = JAXATTN_EXP_BWD256_TAIL != 0;
-
 // A slice's dK (times the scale) and dV, wgmma accumulator layout (acc[4 j + 2 h + e]:
 // key row 16 warp + g + 8 h of the warpgroup's rows, column 8 j + 2 t + e of its
-// columns), added into its unit's partial sums. Wide (head dim 256, BwdMainloopWide's
-// role split): dk / dv are the lo / hi column halves of the warpgroup's one
-// accumulator, dV in warpgroup 0 and dK in 1, all 64 key rows.
+// columns), added into its unit's partial sums.
 template <class Tr>
 __device__ __forceinline__ void bwd_tail_add_partial(const float (&dk)[Tr::kAccRegs], const float (&dv)[Tr::kAccRegs],
                                                      const BwdArgs& args, int slot, int wg, int warp, int g, int t) {
+  static_assert(!Tr::kWide, "no tail split at head dim 256 (its dK / dV live in different warpgroups)");
   constexpr int H = Tr::kHeadDim;
   float* const dk_sum = args.attn.dkv_tail + (size_t)slot * 2 * kTailRows * H;
   float* const dv_sum = dk_sum + kTailRows * H;
+  const int row0 = wg * 64 + warp * 16 + g;
   const float scale = args.scale;
-  // (a = its first array's sums and column, b = its second's; dK times the scale)
-  float* const a_sum = Tr::kWide ? (wg == 0 ? dv_sum : dk_sum) : dk_sum;
-  float* const b_sum = Tr::kWide ? a_sum : dv_sum;
-  const float a_mul = Tr::kWide && wg == 0 ? 1.f : scale, b_mul = Tr::kWide ? a_mul : 1.f;
-  const int b_col = Tr::kWide ? Tr::kKvCols : 0;
-  const int row0 = (Tr::kWide ? 0 : wg * 64) + warp * 16 + g;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int j = 0; j < Tr::kKvCols / 8; ++j) {
       const int at = (row0 + 8 * h) * H + 8 * j + 2 * t;
-      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(a_sum + at), "f"(dk[4 * j + 2 * h] * a_mul),
-                   "f"(dk[4 * j + 2 * h + 1] * a_mul)
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dk_sum + at), "f"(dk[4 * j + 2 * h] * scale),
+                   "f"(dk[4 * j + 2 * h + 1] * scale)
                    : "memory");
-      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(b_sum + at + b_col), "f"(dv[4 * j + 2 * h] * b_mul),
-                   "f"(dv[4 * j + 2 * h + 1] * b_mul)
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dv_sum + at), "f"(dv[4 * j + 2 * h]),
+                   "f"(dv[4 * j + 2 * h + 1])
                    : "memory");
     }
   }
