@@ -14,6 +14,7 @@
 #include "common/doc_tiles.h"
 #include "common/hopper_ptx.h"
 #include "common/ptx.h"
+#include "sm90/bwd_causal_groups.h"
 #include "sm90/bwd_epilogue.cuh"
 #include "sm90/bwd_mainloop.cuh"
 #include "sm90/bwd_mainloop_rows.cuh"
@@ -44,6 +45,12 @@ __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   int slice = 0, slices = 1;  // (tail split: this CTA's slice of its unit's query blocks)
   if (a.tail_slices > 0) {
     bwd_tail_unit(a, tile, slice, slices);
+  } else if (kCausal && kBwdCausalGroupsF10 > 0 && a.causal_groups > 0) {
+    const int K = a.attn.num_heads_k;
+    int head;
+    bwd_causal_group_unit((int)blockIdx.x, K * a.attn.batch, a.n_kblocks, a.causal_groups, tile.n_block, head);
+    tile.kv_head = head % K;
+    tile.batch = head / K;
   } else {
     // Deterministic: highest key block first, the order of the dQ adds (dq_adds_first).
     tile.n_block = a.dq_semaphore ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;

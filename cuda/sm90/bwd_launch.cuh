@@ -12,6 +12,7 @@
 
 #include "common/bwd_prepost.cuh"
 #include "common/device.h"
+#include "sm90/bwd_causal_groups.h"
 #include "sm90/bwd_dispatch.h"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/bwd_tail.cuh"
@@ -34,8 +35,10 @@ inline BwdVariant default_bwd_variant(int head_dim, bool causal) {
   return causal ? BwdVariant::kRows : BwdVariant::kPingpong;
 }
 
+// grouped: the causal grid may go in groups of heads (the experiment, kDefault only, so
+// the explicit variants time and check the usual grid beside it).
 template <class Tr>
-cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
+cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream, bool grouped = false) {
   using Elem = typename Tr::Elem;
   constexpr int kHeadDim = Tr::kHeadDim;
   const char* name = "flash_bwd_sm90";
@@ -74,6 +77,7 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
   kp.args.scale_log2 = (p.softcap > 0.f ? 1.f : p.scale) * static_cast<float>(M_LOG2E);
   kp.args.attn = p;
   kp.args.tail_first = kp.args.tail_slices = 0;
+  kp.args.causal_groups = 0;
   kp.args.n_kblocks = (S + Tr::kBlockN - 1) / Tr::kBlockN;
 
   // Masked calls: one instantiation (the causal mask is part of the MaskView), and
@@ -127,6 +131,11 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
       if (e != cudaSuccess) return {e, "flash_bwd_sm90 (tail memset)"};
     }
   }
+  if (kBwdCausalGroupsF10 > 0 && grouped && p.is_causal && !p.has_masks() && !p.deterministic && !doc_tiles) {
+    const int heads = K * p.batch;
+    kp.args.causal_groups = bwd_causal_groups(heads, kp.args.n_kblocks, cuda::device_sms(), kBwdCausalGroupsF10);
+    grid = dim3(kp.args.n_kblocks * heads, 1, 1);
+  }
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
   e = cudaGetLastError();
   if (e != cudaSuccess) return {e, name};
@@ -144,6 +153,7 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream) {
 template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant variant) {
   const bool plain_causal = p.is_causal && !p.has_masks();
+  const bool grouped = variant == BwdVariant::kDefault;
   if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim, plain_causal);
   if constexpr (kHeadDim == 64) {
     // 128-query steps: unmasked, non-deterministic, causal calls (non-causal too with the
@@ -155,12 +165,12 @@ cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant 
 #else
       const bool rows = plain_causal && !p.deterministic;
 #endif
-      if (rows) return launch_bwd<BwdTraits<kHeadDim, Elem, false, true>>(p, stream);
+      if (rows) return launch_bwd<BwdTraits<kHeadDim, Elem, false, true>>(p, stream, grouped);
       variant = plain_causal ? BwdVariant::kSplitHeadDim : BwdVariant::kPingpong;
     }
-    if (variant == BwdVariant::kPingpong) return launch_bwd<BwdTraits<kHeadDim, Elem, true>>(p, stream);
+    if (variant == BwdVariant::kPingpong) return launch_bwd<BwdTraits<kHeadDim, Elem, true>>(p, stream, grouped);
   }
-  return launch_bwd<BwdTraits<kHeadDim, Elem, false>>(p, stream);
+  return launch_bwd<BwdTraits<kHeadDim, Elem, false>>(p, stream, grouped);
 }
 
 }  // namespace jaxattn::sm90

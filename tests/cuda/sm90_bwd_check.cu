@@ -14,6 +14,9 @@
 // (halved when causal).
 //
 // Usage: sm90_bwd_check [--quick] [--no-bench] [--no-check] [--log FILE] [--bench-one H T causal]
+//                       [--groups-only]
+//   --groups-only: only the host check of the causal grid's grouped order
+//     (sm90/bwd_causal_groups.h; runs without a GPU).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -27,6 +30,7 @@
 #include "check_util.h"
 #include "common/params.h"
 #include "launch.h"
+#include "sm90/bwd_causal_groups.h"
 #include "sm90/bwd_dispatch.h"
 #include "sm90/bwd_tail.cuh"
 
@@ -277,6 +281,9 @@ static std::vector<std::pair<Case, bool>> check_cases(bool quick) {
       // Fewer units than SMs over many query blocks: the tail split cuts every unit
       // (the default column; non-causal), several key rows per unit.
       if (!causal) add({1, 1000, 300, 2, 1, H, true, false}, true);
+      // Many heads (35, an odd count) over 16-32 key blocks: with the causal grouped
+      // order (experiment) the default column runs several groups of uneven size.
+      if (causal) add({5, 2048, 2048, 7, 7, H, true, true}, false);
     }
   return cs;
 }
@@ -377,7 +384,43 @@ static BenchRow bench(int T, int H, bool causal) {
   return row;
 }
 
+// Host check of the causal grid's grouped order: every (key block, head) exactly once,
+// each group's units key block slowest over consecutive heads.
+static int check_causal_groups() {
+  int bad = 0, configs = 0;
+  for (int heads : {1, 2, 3, 7, 8, 24, 35, 64, 130})
+    for (int n_kblocks = 1; n_kblocks <= 70; n_kblocks += 3)
+      for (int sms : {1, 7, 132})
+        for (int f10 : {10, 15, 20}) {
+          const int groups = jaxattn::sm90::bwd_causal_groups(heads, n_kblocks, sms, f10);
+          if (groups < 1 || groups > heads) { ++bad; continue; }
+          std::vector<int> seen(size_t(heads) * n_kblocks, 0);
+          int prev_head = -1, prev_n = 0, max_head = -1;
+          for (int x = 0; x < heads * n_kblocks; ++x) {
+            int n, h;
+            jaxattn::sm90::bwd_causal_group_unit(x, heads, n_kblocks, groups, n, h);
+            if (n < 0 || n >= n_kblocks || h < 0 || h >= heads) { ++bad; break; }
+            seen[size_t(h) * n_kblocks + n]++;
+            // (n, head) increases inside a group; the next group starts at key block 0
+            // with the next head
+            if (prev_head >= 0) {
+              const bool in_group = n > prev_n || (n == prev_n && h > prev_head);
+              const bool next_group = n == 0 && h == max_head + 1 && prev_n == n_kblocks - 1;
+              bad += !in_group && !next_group;
+            }
+            prev_head = h, prev_n = n, max_head = std::max(max_head, h);
+          }
+          for (int v : seen) bad += v != 1;
+          ++configs;
+        }
+  std::printf("causal groups: %d configurations, %d units missed, repeated or out of order\n", configs, bad);
+  return bad;
+}
+
 int main(int argc, char** argv) {
+  const int groups_bad = check_causal_groups();
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--groups-only")) return groups_bad ? 1 : 0;
   bool quick = false, do_bench = true, do_check = true;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true, do_bench = false;
@@ -449,5 +492,5 @@ int main(int argc, char** argv) {
       std::printf(" %.2f |\n", r.tf[kNV + 1] / r.tf[0]);
     }
   }
-  return failed ? 1 : 0;
+  return failed || groups_bad ? 1 : 0;
 }
