@@ -278,8 +278,9 @@ static std::vector<std::pair<Case, bool>> check_cases(bool quick) {
       add({1, 257, 513, 6, 3, H, false, causal, 1.f, 16}, true);  // strided, GQA 2
       add({2, 2049, 2049, 4, 2, H, true, causal}, false);
       add({1, 4096, 1000, 8, 8, H, false, causal}, false);
-      // Fewer units than SMs over many query blocks: the tail split cuts every unit
-      // (the default column; non-causal), several key rows per unit.
+      // Fewer units than SMs over many query blocks: at head dims 64 / 128 the tail
+      // split cuts every unit (the default column; non-causal; 256 never splits),
+      // several key rows per unit.
       if (!causal) add({1, 1000, 300, 2, 1, H, true, false}, true);
       // Many heads (35, an odd count) over 16-32 key blocks: with the causal grouped
       // order (experiment) the default column runs several groups of uneven size.
