@@ -35,8 +35,8 @@ inline BwdVariant default_bwd_variant(int head_dim, bool causal) {
   return causal ? BwdVariant::kRows : BwdVariant::kPingpong;
 }
 
-// grouped: the causal grid may go in groups of heads (the experiment, kDefault only, so
-// the explicit variants time and check the usual grid beside it).
+// grouped: the causal grid goes in groups of heads (sm90/bwd_causal_groups.h; kDefault
+// only, so the explicit variants time and check the usual grid beside it).
 template <class Tr>
 cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream, bool grouped = false) {
   using Elem = typename Tr::Elem;

@@ -283,7 +283,7 @@ static std::vector<std::pair<Case, bool>> check_cases(bool quick) {
       // several key rows per unit.
       if (!causal) add({1, 1000, 300, 2, 1, H, true, false}, true);
       // Many heads (35, an odd count) over 16-32 key blocks: with the causal grouped
-      // order (experiment) the default column runs several groups of uneven size.
+      // order the default column runs several groups of uneven size.
       if (causal) add({5, 2048, 2048, 7, 7, H, true, true}, false);
     }
   return cs;
