@@ -14,7 +14,7 @@
 #include "common/doc_tiles.h"
 #include "common/hopper_ptx.h"
 #include "common/ptx.h"
-#include "sm90/bwd_causal_groups.h"
+#include "sm90/causal_groups.h"
 #include "sm90/bwd_epilogue.cuh"
 #include "sm90/bwd_mainloop.cuh"
 #include "sm90/bwd_mainloop_rows.cuh"
@@ -48,7 +48,7 @@ __device__ __forceinline__ BwdTile bwd_tile_from_block(const BwdArgs& a) {
   } else if (kCausal && kBwdCausalGroupsF10 > 0 && a.causal_groups > 0) {
     const int K = a.attn.num_heads_k;
     int head;
-    bwd_causal_group_unit((int)blockIdx.x, K * a.attn.batch, a.n_kblocks, a.causal_groups, tile.n_block, head);
+    causal_group_unit((int)blockIdx.x, K * a.attn.batch, a.n_kblocks, a.causal_groups, tile.n_block, head);
     tile.kv_head = head % K;
     tile.batch = head / K;
   } else {

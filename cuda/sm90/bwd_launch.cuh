@@ -12,7 +12,7 @@
 
 #include "common/bwd_prepost.cuh"
 #include "common/device.h"
-#include "sm90/bwd_causal_groups.h"
+#include "sm90/causal_groups.h"
 #include "sm90/bwd_dispatch.h"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/bwd_tail.cuh"
@@ -35,7 +35,7 @@ inline BwdVariant default_bwd_variant(int head_dim, bool causal) {
   return causal ? BwdVariant::kRows : BwdVariant::kPingpong;
 }
 
-// grouped: the causal grid goes in groups of heads (sm90/bwd_causal_groups.h; kDefault
+// grouped: the causal grid goes in groups of heads (sm90/causal_groups.h; kDefault
 // only, so the explicit variants time and check the usual grid beside it).
 template <class Tr>
 cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream, bool grouped = false) {
@@ -133,7 +133,7 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream, bool gro
   }
   if (kBwdCausalGroupsF10 > 0 && grouped && p.is_causal && !p.has_masks() && !p.deterministic && !doc_tiles) {
     const int heads = K * p.batch;
-    kp.args.causal_groups = bwd_causal_groups(heads, kp.args.n_kblocks, cuda::device_sms(), kBwdCausalGroupsF10);
+    kp.args.causal_groups = causal_groups(heads, kp.args.n_kblocks, cuda::device_sms(), kBwdCausalGroupsF10);
     grid = dim3(kp.args.n_kblocks * heads, 1, 1);
   }
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);

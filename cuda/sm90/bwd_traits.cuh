@@ -196,7 +196,7 @@ struct BwdArgs {
   // tail_first, then tail_slices CTAs for each unit from tail_first, each a slice of its
   // query blocks. 0: the usual (key blocks, kv heads, batch) grid.
   int tail_first, tail_slices, n_kblocks;
-  // (Causal, sm90/bwd_causal_groups.h) causal_groups > 0: a 1-D grid of the
+  // (Causal, sm90/causal_groups.h) causal_groups > 0: a 1-D grid of the
   // units in that many groups of heads, key block slowest inside a group. 0: as above.
   int causal_groups;
 };

@@ -8,7 +8,7 @@
 // about one head's work before the end and runs past every other SM. A greedy dispatch
 // model (scripts/causal_grid_sim.py; the benchmark's shapes, 16K tokens, N H = 2048)
 // puts that 3-7% above total / SMs for the backward at T = 1K-8K (H = 128 / 256; H = 64
-// ~3%) and 11-13% for the forward at H = 256 T = 4K-8K. Fully longest-first over every
+// ~3%) and 11-13% for the forward at H = 256 T = 4K-8K (0.3-0.8% at 16K). Fully longest-first over every
 // head is within 1%, but puts 132 different heads in flight, each CTA reading its own
 // head's operands: their DRAM traffic, not the tensor cores, would bind (the forward's
 // causal grid measured ~700 MB of DRAM reads for 192 MB of inputs that way, session
@@ -25,8 +25,12 @@
 // kernel on the usual grid in the same binary): +3-4% at H = 128 T = 2K-8K, +1-3% at
 // H = 256 T = 1K-4K (0 at 8K), +1-1.5% at H = 64 T = 2K-8K (-1% at 1K); f = 1.5 and 2
 // within noise of each other.
-// Forward (H = 256 causal at T > 4096, the one default on the non-persistent causal
-// grid): -DJAXATTN_FWD_CAUSAL_GROUPS=F10, default 0 (the usual grid) until measured.
+// Forward (the default at H = 256 causal with T > 1024, sm90/fwd_launch.cuh): f = 2 by
+// default (-DJAXATTN_FWD_CAUSAL_GROUPS=F10; 0 restores the usual grid). Measured on the
+// H200 (session 35 run 6, standalone, one binary, TFLOP/s grouped / usual grid /
+// persistent pairs): T = 2K 569-576 / 548-549 / 558-564, 4K 681-683 / 633-638 / 643-647,
+// 8K 739-744 / 687-700 / 681-695, 16K 780-786 / 785-791 / 710-719; f = 3 within 1% of
+// f = 2.
 #pragma once
 
 #include "common/fast_div.h"  // JAXATTN_HD
@@ -35,7 +39,7 @@
 #define JAXATTN_BWD_CAUSAL_GROUPS 20
 #endif
 #ifndef JAXATTN_FWD_CAUSAL_GROUPS
-#define JAXATTN_FWD_CAUSAL_GROUPS 0
+#define JAXATTN_FWD_CAUSAL_GROUPS 20
 #endif
 
 namespace jaxattn::sm90 {

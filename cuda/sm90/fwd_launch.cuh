@@ -51,7 +51,7 @@ constexpr int kWideKeys128 = 176;
 // and the grid has doc_tile_capacity(T) tile slots per (head, row).
 template <class Tr>
 cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*kernel)(const FwdParams),
-                              bool persistent, bool masked = false) {
+                              bool persistent, bool masked = false, bool grouped = false) {
   constexpr int kHeadDim = Tr::kHeadDim;
   const char* name = "flash_fwd_sm90";
   FwdParams kp;
@@ -102,6 +102,13 @@ cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*k
     grid = dim3((unsigned)std::min<int64_t>(tiles, sms), 1, 1);
     if (p.is_causal) kp.args.sched = make_fwd_schedule(m_tiles, p.num_heads, p.batch, p.num_heads / p.num_heads_k, (int)grid.x);
   }
+  kp.args.causal_groups = 0;
+  if (kFwdCausalGroupsF10 > 0 && grouped && p.is_causal && !persistent && !masked) {
+    const int heads = p.num_heads * p.batch;
+    if ((int64_t)m_tiles * heads >= (int64_t(1) << 31)) return {cudaErrorInvalidValue, "flash_fwd_sm90 (too many tiles)"};
+    kp.args.causal_groups = causal_groups(heads, m_tiles, cuda::device_sms(), kFwdCausalGroupsF10);
+    grid = dim3(m_tiles * heads, 1, 1);
+  }
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(kp);
   e = cudaGetLastError();
   return {e, e == cudaSuccess ? "" : name};
@@ -109,10 +116,10 @@ cuda::LaunchStatus launch_fwd(const AttnParams& p, cudaStream_t stream, void (*k
 
 // Launches the kernel instantiation (causal x schedule x grid x masked) for a tile shape.
 template <class Tr, bool kOverlap, bool kPingpong, bool kPersistent, bool kMasked = false>
-cuda::LaunchStatus launch_schedule(const AttnParams& p, cudaStream_t stream) {
+cuda::LaunchStatus launch_schedule(const AttnParams& p, cudaStream_t stream, bool grouped = false) {
   auto kernel = p.is_causal ? flash_fwd_sm90_kernel<Tr, true, kOverlap, kPingpong, kPersistent, kMasked>
                             : flash_fwd_sm90_kernel<Tr, false, kOverlap, kPingpong, kPersistent, kMasked>;
-  return launch_fwd<Tr>(p, stream, kernel, kPersistent, kMasked);
+  return launch_fwd<Tr>(p, stream, kernel, kPersistent, kMasked, grouped);
 }
 
 // Masked calls (window, lengths, segments, soft cap) run one schedule per head dim,
@@ -124,28 +131,29 @@ cuda::LaunchStatus run_masked(const AttnParams& p, cudaStream_t stream) {
 }
 
 // One of the explicit schedules (not kPersistent / kDefault) on the (query tiles,
-// heads, batch) grid.
+// heads, batch) grid; grouped (the default's causal calls): in groups of heads
+// (sm90/causal_groups.h), so the explicit variants time and check the usual grid.
 template <int kHeadDim, typename Elem>
-cuda::LaunchStatus run_schedule(const AttnParams& p, cudaStream_t stream, FwdVariant variant) {
+cuda::LaunchStatus run_schedule(const AttnParams& p, cudaStream_t stream, FwdVariant variant, bool grouped = false) {
   using Tr = FwdTraits<kHeadDim, Elem>;
   switch (variant) {
     case FwdVariant::kSerial:
-      return launch_schedule<Tr, false, false, false>(p, stream);
+      return launch_schedule<Tr, false, false, false>(p, stream, grouped);
     case FwdVariant::kOverlapPingpong:
-      return launch_schedule<Tr, true, true, false>(p, stream);
+      return launch_schedule<Tr, true, true, false>(p, stream, grouped);
     case FwdVariant::kSerialPingpong:
-      return launch_schedule<Tr, false, true, false>(p, stream);
+      return launch_schedule<Tr, false, true, false>(p, stream, grouped);
     case FwdVariant::kWideKeys:  // (at head dim 64: overlap + pingpong)
       if constexpr (kHeadDim == 128)
-        return launch_schedule<FwdTraits<kHeadDim, Elem, 2, kWideKeys128>, true, true, false>(p, stream);
+        return launch_schedule<FwdTraits<kHeadDim, Elem, 2, kWideKeys128>, true, true, false>(p, stream, grouped);
       if constexpr (kHeadDim == 256)
-        return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 80>, true, false, false>(p, stream);
-      return launch_schedule<Tr, true, true, false>(p, stream);
+        return launch_schedule<FwdTraits<kHeadDim, Elem, 2, 80>, true, false, false>(p, stream, grouped);
+      return launch_schedule<Tr, true, true, false>(p, stream, grouped);
     case FwdVariant::kOverlap3:
-      if constexpr (kHeadDim == 64) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, false>(p, stream);
+      if constexpr (kHeadDim == 64) return launch_schedule<FwdTraits<kHeadDim, Elem, 3>, true, false, false>(p, stream, grouped);
       [[fallthrough]];
     default:
-      return launch_schedule<Tr, true, false, false>(p, stream);
+      return launch_schedule<Tr, true, false, false>(p, stream, grouped);
   }
 }
 
@@ -188,8 +196,13 @@ cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdV
 // standalone runs, persistent vs grid; what moved since session 12 not isolated): ahead
 // at T <= 4096 (+1.1 to +2.4% at 1K, +0.3 to +2.4% at 2K, +0.6 to +1.2% at 4K), far
 // behind at 16K (614 vs 688); a causal call reads keys only up to its last query row,
-// so seqlen_q decides.
-constexpr int kPersistentCausalMaxQ256 = 4096;
+// so seqlen_q decides. The grid in groups of heads (sm90/causal_groups.h, the default's
+// causal calls on this grid) beats the persistent pairs at 2K (+1-3%) and 4K (+6%),
+// session 35 run 6; 1K not measured against them, so the pairs keep T <= 1024.
+#ifndef JAXATTN_FWD_PERSISTENT_CAUSAL_MAX_Q256
+#define JAXATTN_FWD_PERSISTENT_CAUSAL_MAX_Q256 1024
+#endif
+constexpr int kPersistentCausalMaxQ256 = JAXATTN_FWD_PERSISTENT_CAUSAL_MAX_Q256;
 inline bool default_persistent(int head_dim, int seqlen_q, int seqlen_k, bool causal) {
   (void)seqlen_k;
   return !causal || head_dim <= 128 || seqlen_q <= kPersistentCausalMaxQ256;
@@ -212,7 +225,8 @@ cuda::LaunchStatus run_fwd(const AttnParams& p, cudaStream_t stream, FwdVariant 
     return run_persistent<kHeadDim, Elem>(p, stream, best, variant == FwdVariant::kChained);
   if (variant == FwdVariant::kDefault && default_persistent(kHeadDim, p.seqlen_q, p.seqlen_k, p.is_causal))
     return run_persistent<kHeadDim, Elem>(p, stream, best, default_chained(best, p.seqlen_q, p.is_causal));
-  return run_schedule<kHeadDim, Elem>(p, stream, variant == FwdVariant::kDefault ? best : variant);
+  if (variant == FwdVariant::kDefault) return run_schedule<kHeadDim, Elem>(p, stream, best, true);
+  return run_schedule<kHeadDim, Elem>(p, stream, variant);
 }
 
 }  // namespace jaxattn::sm90

@@ -5,6 +5,7 @@
 
 #include "common/doc_tiles.h"
 #include "common/fast_div.h"
+#include "sm90/causal_groups.h"
 #include "sm90/fwd_smem.cuh"
 #include "sm90/fwd_traits.cuh"
 
@@ -88,13 +89,23 @@ inline FwdSchedule make_fwd_schedule(int m_tiles, int num_heads, int batch, int 
   return s;
 }
 
-// The tile of a CTA of the non-persistent grid (query tiles, heads, batch).
+// The tile of a CTA of the non-persistent grid (query tiles, heads, batch), or of
+// its causal grouped form (a 1-D grid: FwdArgs::causal_groups).
 template <class Tr, bool kCausal>
 __device__ __forceinline__ FwdTile fwd_tile_from_block(const FwdArgs& a) {
   FwdTile tile;
-  tile.m_block = kCausal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-  tile.head = blockIdx.y;
-  tile.batch = blockIdx.z;
+  if (kCausal && kFwdCausalGroupsF10 > 0 && a.causal_groups > 0) {
+    const int m_tiles = (a.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+    int pos, bh;
+    causal_group_unit((int)blockIdx.x, a.num_heads * a.batch, m_tiles, a.causal_groups, pos, bh);
+    tile.m_block = m_tiles - 1 - pos;
+    tile.head = bh % a.num_heads;
+    tile.batch = bh / a.num_heads;
+  } else {
+    tile.m_block = kCausal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    tile.head = blockIdx.y;
+    tile.batch = blockIdx.z;
+  }
   tile.n_blocks = fwd_tile_key_blocks<Tr, kCausal>(a, tile.m_block);
   return tile;
 }

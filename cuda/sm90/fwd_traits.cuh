@@ -120,6 +120,10 @@ struct FwdArgs {
   // scale, softcap).
   AttnParams attn;
   FwdSchedule sched;  // (persistent causal grid)
+  // (Causal, non-persistent, sm90/causal_groups.h) causal_groups > 0: a 1-D grid of the
+  // (query tile, head) units in that many groups of heads, longest tile first inside a
+  // group. 0: the usual (query tiles, heads, batch) grid.
+  int causal_groups;
 };
 
 }  // namespace jaxattn::sm90

@@ -16,7 +16,7 @@
 // Usage: sm90_bwd_check [--quick] [--no-bench] [--no-check] [--log FILE] [--bench-one H T causal]
 //                       [--groups-only]
 //   --groups-only: only the host check of the causal grid's grouped order
-//     (sm90/bwd_causal_groups.h; runs without a GPU).
+//     (sm90/causal_groups.h; runs without a GPU).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -30,7 +30,7 @@
 #include "check_util.h"
 #include "common/params.h"
 #include "launch.h"
-#include "sm90/bwd_causal_groups.h"
+#include "sm90/causal_groups.h"
 #include "sm90/bwd_dispatch.h"
 #include "sm90/bwd_tail.cuh"
 
@@ -393,13 +393,13 @@ static int check_causal_groups() {
     for (int n_kblocks = 1; n_kblocks <= 70; n_kblocks += 3)
       for (int sms : {1, 7, 132})
         for (int f10 : {10, 15, 20}) {
-          const int groups = jaxattn::sm90::bwd_causal_groups(heads, n_kblocks, sms, f10);
+          const int groups = jaxattn::sm90::causal_groups(heads, n_kblocks, sms, f10);
           if (groups < 1 || groups > heads) { ++bad; continue; }
           std::vector<int> seen(size_t(heads) * n_kblocks, 0);
           int prev_head = -1, prev_n = 0, max_head = -1;
           for (int x = 0; x < heads * n_kblocks; ++x) {
             int n, h;
-            jaxattn::sm90::bwd_causal_group_unit(x, heads, n_kblocks, groups, n, h);
+            jaxattn::sm90::causal_group_unit(x, heads, n_kblocks, groups, n, h);
             if (n < 0 || n >= n_kblocks || h < 0 || h >= heads) { ++bad; break; }
             seen[size_t(h) * n_kblocks + n]++;
             // (n, head) increases inside a group; the next group starts at key block 0
