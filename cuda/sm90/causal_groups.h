@@ -8,17 +8,17 @@
 // about one head's work before the end and runs past every other SM. A greedy dispatch
 // model (scripts/causal_grid_sim.py; the benchmark's shapes, 16K tokens, N H = 2048)
 // puts that 3-7% above total / SMs for the backward at T = 1K-8K (H = 128 / 256; H = 64
-// ~3%) and 11-13% for the forward at H = 256 T = 4K-8K (0.3-0.8% at 16K). Fully longest-first over every
-// head is within 1%, but puts 132 different heads in flight, each CTA reading its own
-// head's operands: their DRAM traffic, not the tensor cores, would bind (the forward's
-// causal grid measured ~700 MB of DRAM reads for 192 MB of inputs that way, session
-// 12). Here the heads (batch-major: b K + kv_head for the backward, b N + head for the
-// forward, so query heads that share K / V stay adjacent) are cut into `groups`
-// consecutive groups of near-equal size (sizes differ by at most one), each with about
-// f SMs of units or more, and each group's units go out position slowest: longest
-// first inside a group, and only ~f SMs / (units a head) heads in flight. The model:
-// within 0.1-1.6% of total / SMs at f = 2 for the backward, 0.5-2.4% at f = 2-3 for
-// the forward.
+// ~3%) and 11-13% for the forward at H = 256 T = 4K-8K (0.3-0.8% at 16K). Fully
+// longest-first over every head is within 1%, but puts 132 different heads in flight,
+// each CTA reading its own head's operands: their DRAM traffic, not the tensor cores,
+// would bind (the forward's causal grid measured ~700 MB of DRAM reads for 192 MB of
+// inputs that way, session 12). Here the heads (batch-major: b K + kv_head for the
+// backward, b N + head for the forward, so query heads that share K / V stay adjacent)
+// are cut into `groups` consecutive groups of near-equal size (sizes differ by at most
+// one), each with about f SMs of units or more, and each group's units go out position
+// slowest: longest first inside a group, and only ~f SMs / (units a head) heads in
+// flight. The model: within 0.1-1.6% of total / SMs at f = 2 for the backward, 0.5-2.4%
+// at f = 2-3 for the forward.
 //
 // Backward: f = 2 by default (-DJAXATTN_BWD_CAUSAL_GROUPS=F10 sets f = F10 / 10; 0
 // restores the usual grid). Measured on the H200 (session 35, standalone, the same
