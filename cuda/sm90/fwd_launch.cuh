@@ -198,19 +198,16 @@ cuda::LaunchStatus run_persistent(const AttnParams& p, cudaStream_t stream, FwdV
 // behind at 16K (614 vs 688); a causal call reads keys only up to its last query row,
 // so seqlen_q decides. The grid in groups of heads (sm90/causal_groups.h, the default's
 // causal calls on this grid) beats the persistent pairs at 2K (+1-3%) and 4K (+6%),
-// session 35 run 6; 1K not measured against them, so the pairs keep T <= 1024.
+// session 35 run 6; at 1K the pairs win (438 vs 411, -6%). At H 64 / 128 causal the
+// pairs beat the grouped grid at every T (session 36 run 1b, TFLOP/s pairs / grouped:
+// H=64 1K-16K 318 (chained 333) / 249, 411 / 336, 468 / 401, 507 / 472, 549 / 512;
+// H=128 464 (chained 471) / 367, 576 / 492, 659 / 587, 704 / 656, 722 / 694).
 #ifndef JAXATTN_FWD_PERSISTENT_CAUSAL_MAX_Q256
 #define JAXATTN_FWD_PERSISTENT_CAUSAL_MAX_Q256 1024
 #endif
 constexpr int kPersistentCausalMaxQ256 = JAXATTN_FWD_PERSISTENT_CAUSAL_MAX_Q256;
-// (Experiment -DJAXATTN_EXP_FWD_GROUPED_CAUSAL_ALL, default off: every causal default
-// call on the grouped grid, to time it against the persistent pairs at H 64 / 128 and
-// at H=256 T <= 1024 in one binary; not yet run.)
 inline bool default_persistent(int head_dim, int seqlen_q, int seqlen_k, bool causal) {
   (void)seqlen_k;
-#ifdef JAXATTN_EXP_FWD_GROUPED_CAUSAL_ALL
-  if (causal) return false;
-#endif
   return !causal || head_dim <= 128 || seqlen_q <= kPersistentCausalMaxQ256;
 }
 
