@@ -47,6 +47,13 @@
 
 namespace jaxattn::sm90 {
 
+// Experiment (default 0): the causal step's two paths split at the whole of warpgroup
+// 0's part of the step (probs through the dV issue) instead of at probs alone.
+#ifndef JAXATTN_EXP_BWD256_CAUSAL_PEEL
+#define JAXATTN_EXP_BWD256_CAUSAL_PEEL 0
+#endif
+constexpr bool kBwdCausalPeel = JAXATTN_EXP_BWD256_CAUSAL_PEEL != 0;
+
 template <class Tr>
 struct BwdMainloopWide {
   static_assert(Tr::kWide && Tr::kBlockN == 64 && Tr::kBlockM == 64, "wide tile: 64 keys x 64 queries");
@@ -175,11 +182,23 @@ struct BwdMainloopWide {
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(acc);
 
-        if (wg == 0) {
+        // Warpgroup 0's part of the step up to the hand-off of dS^T. kPart 0: as one
+        // path (probs masks where need_mask); causal unmasked calls with the switch:
+        // 1 the diagonal step (causal and key >= S masks), 2 every other step (the
+        // non-causal form: only the CTA-invariant key >= S test, predicated).
+        auto wg0_part = [&](auto part) {
+          constexpr int kPart = decltype(part)::value;
           mask.apply(acc, args.attn, key_cta0, key0, q_base, t);
-          const bool need_mask =
-              !kMasked && (key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q_base));
-          Base::template probs<kCausal, kBlockM>(acc, col, q_base, key0, S, sl2, need_mask, t);
+          if constexpr (kPart == 0) {
+            const bool need_mask =
+                !kMasked && (key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q_base));
+            Base::template probs<kCausal, kBlockM>(acc, col, q_base, key0, S, sl2, need_mask, t);
+          } else if constexpr (kPart == 1) {
+            Base::template probs_tile<true, true, kBlockM>(acc, col, q_base, key0, S, sl2, true, t);
+          } else {
+            Base::template probs_tile<false, true, kBlockM>(acc, col, q_base, key0, S, sl2,
+                                                            key_cta0 + kBlockN - 1 >= S, t);
+          }
           if constexpr (kMasked || !std::is_same_v<Elem, __half>) {
             uint32_t ph[kPRegs];  // (masked: P times the cap's gradient, for warpgroup 1's dS^T)
 #pragma unroll
@@ -196,6 +215,16 @@ struct BwdMainloopWide {
           hptx::wgmma_fence();
           issue_rs<kAdd>(lo, hi, pk, do_tile);  // dV += P^T dO
           hptx::wgmma_commit();
+        };
+        if (wg == 0) {
+          if constexpr (kCausal && !kMasked && kBwdCausalPeel) {
+            if (key_cta0 + kBlockN - 1 > q_base)
+              wg0_part(std::integral_constant<int, 1>{});
+            else
+              wg0_part(std::integral_constant<int, 2>{});
+          } else {
+            wg0_part(std::integral_constant<int, 0>{});
+          }
           hptx::named_bar_sync(kBarDs, 256);  // dS^T of this step in slot buf (async-proxy fenced)
         } else {
           hptx::named_bar_sync(kBarP, 256);
