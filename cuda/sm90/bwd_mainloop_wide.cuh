@@ -47,13 +47,6 @@
 
 namespace jaxattn::sm90 {
 
-// Experiment (default 0): the causal step's two paths split at the whole of warpgroup
-// 0's part of the step (probs through the dV issue) instead of at probs alone.
-#ifndef JAXATTN_EXP_BWD256_CAUSAL_PEEL
-#define JAXATTN_EXP_BWD256_CAUSAL_PEEL 0
-#endif
-constexpr bool kBwdCausalPeel = JAXATTN_EXP_BWD256_CAUSAL_PEEL != 0;
-
 template <class Tr>
 struct BwdMainloopWide {
   static_assert(Tr::kWide && Tr::kBlockN == 64 && Tr::kBlockM == 64, "wide tile: 64 keys x 64 queries");
@@ -182,10 +175,15 @@ struct BwdMainloopWide {
         hptx::wgmma_wait<0>();
         hptx::reg_fence_array(acc);
 
-        // Warpgroup 0's part of the step up to the hand-off of dS^T. kPart 0: as one
-        // path (probs masks where need_mask); causal unmasked calls with the switch:
-        // 1 the diagonal step (causal and key >= S masks), 2 every other step (the
-        // non-causal form: only the CTA-invariant key >= S test, predicated).
+        // Warpgroup 0's part of the step up to the hand-off of dS^T, in one of three
+        // forms (kPart): 0 one path (probs masks where need_mask: non-causal and masked
+        // calls); causal unmasked calls 1 on the diagonal step (causal and key >= S
+        // masks), 2 on every other step (the non-causal form: only the CTA-invariant key
+        // >= S test, predicated). Causal used to branch around probs alone: the paths
+        // joined after the exps, so the packs and the P stores ran back to back after
+        // the join and the dV wgmma waited for them (6.9% of the stall samples, session
+        // 36 run 3). Two whole copies interleave as the non-causal step does: causal
+        // backward +5.5-6% at T = 2K-16K, non-causal unchanged (session 36 run 4).
         auto wg0_part = [&](auto part) {
           constexpr int kPart = decltype(part)::value;
           mask.apply(acc, args.attn, key_cta0, key0, q_base, t);
@@ -217,7 +215,7 @@ struct BwdMainloopWide {
           hptx::wgmma_commit();
         };
         if (wg == 0) {
-          if constexpr (kCausal && !kMasked && kBwdCausalPeel) {
+          if constexpr (kCausal && !kMasked) {
             if (key_cta0 + kBlockN - 1 > q_base)
               wg0_part(std::integral_constant<int, 1>{});
             else
