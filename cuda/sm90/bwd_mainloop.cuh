@@ -31,15 +31,6 @@
 
 namespace jaxattn::sm90 {
 
-// Experiment (default 0): at head dims 64 / 128 the causal step's masked and unmasked
-// paths run on through the P / dS^T work and the dV issue (BwdMainloop) or the P stores
-// (BwdMainloopRows), as head dim 256's do since session 36 (bwd_mainloop_wide.cuh).
-// (#if blocks, so that the default's SASS is the code before; BwdMainloop::consume and
-// BwdMainloopRows::consume.)
-#ifndef JAXATTN_EXP_BWD_CAUSAL_TWO_COPIES
-#define JAXATTN_EXP_BWD_CAUSAL_TWO_COPIES 0
-#endif
-
 // The mask of one consumer thread's S^T accumulators in a masked backward (no-ops
 // unless kMasked): 64 keys (this thread's rows key0, key0 + 8) x kCols query
 // columns. It holds the key rows' segment ids, the step's segment-id matches
@@ -561,49 +552,6 @@ struct BwdMainloop {
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(s);
         if constexpr (kEarlyStats) load_col_stats<kBlockM>(dps_c, sm.stats(pipe.stage) + kBlockM * 4, t);
-#if JAXATTN_EXP_BWD_CAUSAL_TWO_COPIES
-        // P^T, dS^T and the dV issue in one of three forms (kPart, as
-        // BwdMainloopWide::consume's warpgroup 0 part): 0 one path (probs masks where
-        // need_mask); causal unmasked calls (with the experiment switch) 1 on this
-        // warpgroup's diagonal steps, 2 on the others (the non-causal form).
-        auto scores_part = [&](auto part) {
-          constexpr int kPart = decltype(part)::value;
-          mask.apply(s, args.attn, key_wg0, key0, q_base, t);
-          if constexpr (!kEarlyStats) load_col_stats<kBlockM>(lse_c, sm.stats(pipe.stage), t);
-          if constexpr (kPart == 0) {
-            const bool need_mask = !kMasked && (key_wg0 + 63 >= S || (kCausal && key_wg0 + 63 > q_base));
-            probs<kCausal, kBlockM>(s, lse_c, q_base, key0, S, sl2, need_mask, t);
-          } else if constexpr (kPart == 1) {
-            probs_tile<true, true, kBlockM>(s, lse_c, q_base, key0, S, sl2, true, t);
-          } else {
-            probs_tile<false, true, kBlockM>(s, lse_c, q_base, key0, S, sl2, key_wg0 + 63 >= S, t);
-          }
-#pragma unroll
-          for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
-
-          // dS^T once dP^T is in.
-          if constexpr (!kEarlyStats) load_col_stats<kBlockM>(dps_c, sm.stats(pipe.stage) + kBlockM * 4, t);
-          hptx::wgmma_wait<0>();
-          hptx::reg_fence_array(dp);
-          dscores<kBlockM>(dp, s, dps_c);
-          mask.chain_grads(dp);
-#pragma unroll
-          for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
-
-          // dV += P^T dO now; dS^T to smem for dQ (both warpgroups' halves).
-          hptx::wgmma_fence();
-          issue_acc_rs<kAdd>(dv, p, do_tile);
-          hptx::wgmma_commit();
-        };
-        if constexpr (kCausal && !kMasked) {
-          if (key_wg0 + 63 > q_base)
-            scores_part(std::integral_constant<int, 1>{});
-          else
-            scores_part(std::integral_constant<int, 2>{});
-        } else {
-          scores_part(std::integral_constant<int, 0>{});
-        }
-#else
         mask.apply(s, args.attn, key_wg0, key0, q_base, t);
         if constexpr (!kEarlyStats) load_col_stats<kBlockM>(lse_c, sm.stats(pipe.stage), t);
         const bool need_mask = !kMasked && (key_wg0 + 63 >= S || (kCausal && key_wg0 + 63 > q_base));
@@ -624,7 +572,6 @@ struct BwdMainloop {
         hptx::wgmma_fence();
         issue_acc_rs<kAdd>(dv, p, do_tile);
         hptx::wgmma_commit();
-#endif
         const int slot = Tr::kSkewDq ? step & 1 : ds_buf;
         const int dq_step = step > 0 ? step - 1 : 0;  // (kSkewDq) the step whose dQ this one computes
         if constexpr (Tr::kSkewDq) {

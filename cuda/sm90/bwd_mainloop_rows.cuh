@@ -147,10 +147,13 @@ struct BwdMainloopRows {
         hptx::reg_fence_array(s);
         const int q_first = q_base + 64 * wg;
         const bool need_mask = tile.key_first + kBlockN - 1 >= S || (kCausal && tile.key_first + kBlockN - 1 > q_first);
-        // (Two paths, as BwdMainloop::probs: a mask test inside the one loop made ptxas
-        // compute the predicates on every step, session 9.)
-#if JAXATTN_EXP_BWD_CAUSAL_TWO_COPIES
-        // Each path runs on through the P stores, as BwdMainloop::consume's parts.
+        // Two paths (as BwdMainloop::probs: a mask test inside the one loop made ptxas
+        // compute the predicates on every step, session 9), each running on through the
+        // P stores: with the paths joined right after probs, the packs and stores ran
+        // back to back after the join (as at head dim 256, bwd_mainloop_wide.cuh). H200,
+        // session 36 run 5, standalone causal: +4.4 / +5.3 / +5.0% at T = 2K / 4K / 16K.
+        // (The same split in BwdMainloop, through the dV issue at head dim 128, made
+        // ptxas serialise the wgmmas (C7512): -15%.)
         auto p_part = [&](auto masked) {
           probs<kCausal, decltype(masked)::value>(s, lse, q_base + row0, tile.key_first + 2 * t, S, sl2);
 #pragma unroll
@@ -163,15 +166,6 @@ struct BwdMainloopRows {
           p_part(std::true_type{});
         else
           p_part(std::false_type{});
-#else
-        if (need_mask) probs<kCausal, true>(s, lse, q_base + row0, tile.key_first + 2 * t, S, sl2);
-        else probs<kCausal, false>(s, lse, q_base + row0, tile.key_first + 2 * t, S, sl2);
-#pragma unroll
-        for (int i = 0; i < kPRegs; ++i) pk[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
-        // Both warpgroups' dV / dK of the step before have read the P / dS tiles.
-        hptx::named_bar_sync(1, 256);
-        store_packed_sw128<kBlockN>(pk, p_tile, kChunk, row0, t);
-#endif
 
         // dS once dP is in (P still in f32), into registers (dQ's A) and the tile.
         hptx::wgmma_wait<0>();
