@@ -564,6 +564,7 @@ struct BwdMainloop {
         // Experiment: causal unmasked calls run the masked / unmasked paths on through
         // the P pack (1) or through dS^T's pack (2) before joining (the wide and rows
         // kernels' split; through the dV issue here ptxas serialised the wgmmas, C7512).
+        constexpr bool kSplit = kCausal && !kMasked, kDsInSplit = kSplit && JAXATTN_EXP_BWD_CAUSAL_TWO_COPIES == 2;
         auto scores_part = [&](auto masked) {
           if constexpr (decltype(masked)::value)
             probs_tile<true, true, kBlockM>(s, lse_c, q_base, key0, S, sl2, true, t);
@@ -571,7 +572,7 @@ struct BwdMainloop {
             probs_tile<false, true, kBlockM>(s, lse_c, q_base, key0, S, sl2, key_wg0 + 63 >= S, t);
 #pragma unroll
           for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
-          if constexpr (JAXATTN_EXP_BWD_CAUSAL_TWO_COPIES == 2) {
+          if constexpr (kDsInSplit) {
             if constexpr (!kEarlyStats) load_col_stats<kBlockM>(dps_c, sm.stats(pipe.stage) + kBlockM * 4, t);
             hptx::wgmma_wait<0>();
             hptx::reg_fence_array(dp);
@@ -580,17 +581,22 @@ struct BwdMainloop {
             for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
           }
         };
-        if constexpr (kCausal && !kMasked) {
+        if constexpr (kSplit) {
           if (key_wg0 + 63 > q_base)
             scores_part(std::true_type{});
           else
             scores_part(std::false_type{});
-        } else {
+        } else
+#else
+        constexpr bool kDsInSplit = false;
+#endif
+        {
           probs<kCausal, kBlockM>(s, lse_c, q_base, key0, S, sl2, need_mask, t);
 #pragma unroll
           for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
         }
-        if constexpr (!(kCausal && !kMasked && JAXATTN_EXP_BWD_CAUSAL_TWO_COPIES == 2)) {
+
+        if constexpr (!kDsInSplit) {
           // dS^T once dP^T is in.
           if constexpr (!kEarlyStats) load_col_stats<kBlockM>(dps_c, sm.stats(pipe.stage) + kBlockM * 4, t);
           hptx::wgmma_wait<0>();
@@ -600,20 +606,6 @@ struct BwdMainloop {
 #pragma unroll
           for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
         }
-#else
-        probs<kCausal, kBlockM>(s, lse_c, q_base, key0, S, sl2, need_mask, t);
-#pragma unroll
-        for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
-
-        // dS^T once dP^T is in.
-        if constexpr (!kEarlyStats) load_col_stats<kBlockM>(dps_c, sm.stats(pipe.stage) + kBlockM * 4, t);
-        hptx::wgmma_wait<0>();
-        hptx::reg_fence_array(dp);
-        dscores<kBlockM>(dp, s, dps_c);
-        mask.chain_grads(dp);
-#pragma unroll
-        for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
-#endif
 
         // dV += P^T dO now; dS^T to smem for dQ (both warpgroups' halves).
         hptx::wgmma_fence();
