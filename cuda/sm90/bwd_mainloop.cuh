@@ -31,11 +31,6 @@
 
 namespace jaxattn::sm90 {
 
-// Experiment switch (default 0; 1 / 2: BwdMainloop::consume's causal split, below).
-#ifndef JAXATTN_EXP_BWD_CAUSAL_TWO_COPIES
-#define JAXATTN_EXP_BWD_CAUSAL_TWO_COPIES 0
-#endif
-
 // The mask of one consumer thread's S^T accumulators in a masked backward (no-ops
 // unless kMasked): 64 keys (this thread's rows key0, key0 + 8) x kCols query
 // columns. It holds the key rows' segment ids, the step's segment-id matches
@@ -546,66 +541,34 @@ struct BwdMainloop {
         pass_turn(wg);
         const int next_m = next_step_block(tile, args.group, hg, m);
         mask.load_ids(next_m < 0 ? -1 : tile.q_row<Tr>(next_m), t);
-        // The step's lse / D columns (shared loads): at head dim 64 in flight while S^T
-        // finishes; at 128 (and masked) there are no registers to hold them that long:
-        // lse once S^T is in (after its mask), D before waiting for dP^T.
+        // The step's lse / D columns (shared loads): at head dim 64 both in flight while
+        // S^T finishes. At 128 only lse fits there (16 registers), and only the
+        // non-causal step gains from it (session 37 run 5: +3-4% non-causal, -4% causal
+        // 4K); elsewhere lse once S^T is in (after its mask). D before waiting for dP^T.
         constexpr bool kEarlyStats = kHeadDim == 64 && !kMasked;
+        constexpr bool kEarlyLse = kEarlyStats || (kHeadDim == 128 && !kMasked && !kCausal);
         float2 lse_c[kBlockM / 8], dps_c[kBlockM / 8];
-        if constexpr (kEarlyStats) load_col_stats<kBlockM>(lse_c, sm.stats(pipe.stage), t);
+        if constexpr (kEarlyLse) load_col_stats<kBlockM>(lse_c, sm.stats(pipe.stage), t);
 
         // P^T once S^T is in.
         hptx::wgmma_wait<1>();
         hptx::reg_fence_array(s);
         if constexpr (kEarlyStats) load_col_stats<kBlockM>(dps_c, sm.stats(pipe.stage) + kBlockM * 4, t);
         mask.apply(s, args.attn, key_wg0, key0, q_base, t);
-        if constexpr (!kEarlyStats) load_col_stats<kBlockM>(lse_c, sm.stats(pipe.stage), t);
+        if constexpr (!kEarlyLse) load_col_stats<kBlockM>(lse_c, sm.stats(pipe.stage), t);
         const bool need_mask = !kMasked && (key_wg0 + 63 >= S || (kCausal && key_wg0 + 63 > q_base));
-#if JAXATTN_EXP_BWD_CAUSAL_TWO_COPIES
-        // Experiment: causal unmasked calls run the masked / unmasked paths on through
-        // the P pack (1) or through dS^T's pack (2) before joining (the wide and rows
-        // kernels' split; through the dV issue here ptxas serialised the wgmmas, C7512).
-        constexpr bool kSplit = kCausal && !kMasked, kDsInSplit = kSplit && JAXATTN_EXP_BWD_CAUSAL_TWO_COPIES == 2;
-        auto scores_part = [&](auto masked) {
-          if constexpr (decltype(masked)::value)
-            probs_tile<true, true, kBlockM>(s, lse_c, q_base, key0, S, sl2, true, t);
-          else
-            probs_tile<false, true, kBlockM>(s, lse_c, q_base, key0, S, sl2, key_wg0 + 63 >= S, t);
+        probs<kCausal, kBlockM>(s, lse_c, q_base, key0, S, sl2, need_mask, t);
 #pragma unroll
-          for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
-          if constexpr (kDsInSplit) {
-            if constexpr (!kEarlyStats) load_col_stats<kBlockM>(dps_c, sm.stats(pipe.stage) + kBlockM * 4, t);
-            hptx::wgmma_wait<0>();
-            hptx::reg_fence_array(dp);
-            dscores<kBlockM>(dp, s, dps_c);
-#pragma unroll
-            for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
-          }
-        };
-        if constexpr (kSplit) {
-          if (key_wg0 + 63 > q_base)
-            scores_part(std::true_type{});
-          else
-            scores_part(std::false_type{});
-        } else
-#else
-        constexpr bool kDsInSplit = false;
-#endif
-        {
-          probs<kCausal, kBlockM>(s, lse_c, q_base, key0, S, sl2, need_mask, t);
-#pragma unroll
-          for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
-        }
+        for (int i = 0; i < kPRegs; ++i) p[i] = ptx::pack2<Elem>(s[2 * i], s[2 * i + 1]);
 
-        if constexpr (!kDsInSplit) {
-          // dS^T once dP^T is in.
-          if constexpr (!kEarlyStats) load_col_stats<kBlockM>(dps_c, sm.stats(pipe.stage) + kBlockM * 4, t);
-          hptx::wgmma_wait<0>();
-          hptx::reg_fence_array(dp);
-          dscores<kBlockM>(dp, s, dps_c);
-          mask.chain_grads(dp);
+        // dS^T once dP^T is in.
+        if constexpr (!kEarlyStats) load_col_stats<kBlockM>(dps_c, sm.stats(pipe.stage) + kBlockM * 4, t);
+        hptx::wgmma_wait<0>();
+        hptx::reg_fence_array(dp);
+        dscores<kBlockM>(dp, s, dps_c);
+        mask.chain_grads(dp);
 #pragma unroll
-          for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
-        }
+        for (int i = 0; i < kPRegs; ++i) ds[i] = ptx::pack2<Elem>(dp[2 * i], dp[2 * i + 1]);
 
         // dV += P^T dO now; dS^T to smem for dQ (both warpgroups' halves).
         hptx::wgmma_fence();
