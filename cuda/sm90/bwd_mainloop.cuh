@@ -31,6 +31,12 @@
 
 namespace jaxattn::sm90 {
 
+// Experiment switch (default 0): 1 = masked steps at head dims 64 / 128 load their lse
+// columns before the S^T wait too (BwdMainloop::consume, kEarlyLse).
+#ifndef JAXATTN_EXP_BWD_EARLY_LSE_MASKED
+#define JAXATTN_EXP_BWD_EARLY_LSE_MASKED 0
+#endif
+
 // The mask of one consumer thread's S^T accumulators in a masked backward (no-ops
 // unless kMasked): 64 keys (this thread's rows key0, key0 + 8) x kCols query
 // columns. It holds the key rows' segment ids, the step's segment-id matches
@@ -546,7 +552,8 @@ struct BwdMainloop {
         // non-causal step gains from it (session 37 run 5: +3-4% non-causal, -4% causal
         // 4K); elsewhere lse once S^T is in (after its mask). D before waiting for dP^T.
         constexpr bool kEarlyStats = kHeadDim == 64 && !kMasked;
-        constexpr bool kEarlyLse = kEarlyStats || (kHeadDim == 128 && !kMasked && !kCausal);
+        constexpr bool kEarlyLse = kEarlyStats || (kHeadDim == 128 && !kMasked && !kCausal) ||
+                                   (JAXATTN_EXP_BWD_EARLY_LSE_MASKED && kHeadDim <= 128 && kMasked);
         float2 lse_c[kBlockM / 8], dps_c[kBlockM / 8];
         if constexpr (kEarlyLse) load_col_stats<kBlockM>(lse_c, sm.stats(pipe.stage), t);
 
