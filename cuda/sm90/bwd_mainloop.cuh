@@ -36,6 +36,11 @@ namespace jaxattn::sm90 {
 #ifndef JAXATTN_EXP_BWD_EARLY_LSE_MASKED
 #define JAXATTN_EXP_BWD_EARLY_LSE_MASKED 0
 #endif
+// Experiment switch (default 0): 1 = the lse / D column loads by 4 lanes a warp and
+// shuffles (load_col_stats).
+#ifndef JAXATTN_EXP_BWD_STATS_SHFL
+#define JAXATTN_EXP_BWD_STATS_SHFL 0
+#endif
 
 // The mask of one consumer thread's S^T accumulators in a masked backward (no-ops
 // unless kMasked): 64 keys (this thread's rows key0, key0 + 8) x kCols query
@@ -401,8 +406,22 @@ struct BwdMainloop {
   // columns 8 j + 2 t, 8 j + 2 t + 1: one 8-byte shared load per j.
   template <int kCols>
   __device__ __forceinline__ static void load_col_stats(float2 (&v)[kCols / 8], uint32_t row_stats, int t) {
+#if JAXATTN_EXP_BWD_STATS_SHFL
+    // Experiment: the 8 lanes sharing t read the same columns; lanes 0-3 (g = 0, t =
+    // lane) load them (one shared wavefront per load instead of two) and shuffle them
+    // to the others.
+    const bool loader = (threadIdx.x % 32) < 4;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+      float2 x = make_float2(0.f, 0.f);
+      if (loader) x = ptx::ld_shared_f32x2(row_stats + 4 * (8 * j + 2 * t));
+      v[j].x = __shfl_sync(0xffffffffu, x.x, t);
+      v[j].y = __shfl_sync(0xffffffffu, x.y, t);
+    }
+#else
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) v[j] = ptx::ld_shared_f32x2(row_stats + 4 * (8 * j + 2 * t));
+#endif
   }
 
   // P^T = exp2(S^T scale log2e - lse) in place, for an accumulator of 64 keys (this
