@@ -14,8 +14,13 @@ over B's, e.g. 0.504 for causal vs non-causal steps) give the samples the first 
 would have at B's efficiency, and the reasons' totals are listed side by side with
 the difference (session 36 run 3 found the causal H=256 backward's extra time this way).
 
+With --shared it also sums the page's "L1 Wavefronts Shared" column by opcode: which
+instructions use the shared-memory data path (wgmma operand reads count there too;
+session 37 run 7: SS wgmmas 57%, RS wgmmas' B operands 19%, the lse / D loads 9.5%).
+
   scripts/ncu_stalls.py sass_c1.csv.gz --top 30
   scripts/ncu_stalls.py sass_c1.csv.gz --base sass_c0.csv.gz --work 0.504
+  scripts/ncu_stalls.py sass_c1.csv.gz --top 0 --shared
 """
 import argparse
 import collections
@@ -45,6 +50,7 @@ def load(path):
         if need not in col:
             raise ValueError(f"{path}: no column {need!r} (profile with --section SourceCounters)")
     reasons = [h for h in header if h.startswith("stall_") and "(Not Issued)" not in h]
+    shared_col = col.get("L1 Wavefronts Shared")
     out, base = [], None
 
     def num(text):
@@ -66,8 +72,30 @@ def load(path):
             "samples": samples,
             "executed": num(r[col["Instructions Executed"]]),
             "stalls": stalls,
+            "shared": num(r[shared_col]) if shared_col is not None else 0,
         })
     return out
+
+
+def opcode(sass):
+    """The opcode of a SASS line with its first modifier: '@!P0 LDS.64 R2, [R4]' -> 'LDS.64',
+    'HGMMA.64x64x16.F32.BF16 ...' -> 'HGMMA.64x64x16'."""
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    if not words:
+        return ""
+    parts = words[0].split(".")
+    return ".".join(parts[:2])
+
+
+def shared_by_opcode(instrs):
+    """(opcode, wavefronts) pairs, most first, of the instructions with shared wavefronts."""
+    by_op = collections.Counter()
+    for ins in instrs:
+        if ins["shared"]:
+            by_op[opcode(ins["sass"])] += ins["shared"]
+    return by_op.most_common()
 
 
 def totals(instrs):
@@ -83,6 +111,7 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=25, help="instructions to list (default 25)")
     p.add_argument("--base", help="a second launch's CSV to compare against")
     p.add_argument("--work", type=float, default=1.0, help="first launch's work over the base's (default 1)")
+    p.add_argument("--shared", action="store_true", help="shared-memory wavefronts by opcode")
     a = p.parse_args(argv)
     instrs = load(a.csv)
     samples, executed, reasons = totals(instrs)
@@ -92,6 +121,15 @@ def main(argv=None):
         why = ", ".join(f"{k} {v}" for v, k in top)
         share = 100.0 * ins["samples"] / max(samples, 1)
         print(f"{ins['index']:5d} {ins['offset']:6x} {share:5.2f}% x{ins['executed']:<9d} {ins['sass'][:58]:58s} {why}")
+    if a.shared:
+        rows = shared_by_opcode(instrs)
+        total = sum(v for _, v in rows)
+        if not rows:
+            print("\nno 'L1 Wavefronts Shared' counts in this export")
+        else:
+            print(f"\nshared-memory wavefronts by opcode ({total} in all)")
+            for op, v in rows:
+                print(f"{op:24s} {v:14d} {100.0 * v / total:6.1f}%")
     if a.base:
         b_samples, b_executed, b_reasons = totals(load(a.base))
         print(f"\nagainst {a.base} scaled by {a.work}: samples {samples} vs {b_samples * a.work:.0f}, "

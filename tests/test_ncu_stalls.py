@@ -63,3 +63,27 @@ def test_not_a_source_page_is_a_clear_error(tmp_path):
         f.write('"ID","Kernel Name"\n"0","k"\n')
     with pytest.raises(ValueError, match="Address"):
         ncu_stalls.load(path)
+
+
+def test_shared_wavefronts_by_opcode(tmp_path, capsys):
+    header = _HEADER + ["L1 Wavefronts Shared"]
+    path = str(tmp_path / "s.csv")
+    rows = [["0x1000", "HGMMA.64x64x16.F32.BF16 R152, gdesc[UR12], R152", "5", "5", "8", "0", "0", "0", "1,200"],
+            ["0x1010", "@!P2 LDS.64 R18, [R0+0x30000]", "1", "1", "8", "0", "1", "0", "300"],
+            ["0x1020", "LDS.64 R4, [R4]", "1", "1", "8", "0", "1", "0", "100"],
+            ["0x1030", "FFMA R1, R2, R3, R4", "1", "1", "8", "0", "0", "0", "0"]]
+    with open(path, "w") as f:
+        f.write('"Kernel Name","void k(int)",\n' + ",".join(f'"{h}"' for h in header) + "\n")
+        f.write("\n".join(",".join(f'"{v}"' for v in r) for r in rows) + "\n")
+    instrs = ncu_stalls.load(path)
+    assert ncu_stalls.shared_by_opcode(instrs) == [("HGMMA.64x64x16", 1200), ("LDS.64", 400)]
+    assert ncu_stalls.main([path, "--top", "0", "--shared"]) == 0
+    out = capsys.readouterr().out
+    assert "1600 in all" in out and "75.0%" in out and "25.0%" in out
+
+
+def test_opcode_strips_predicates_and_keeps_one_modifier():
+    assert ncu_stalls.opcode("@!P0  BRA 0x7f") == "BRA"
+    assert ncu_stalls.opcode("STS.64 [R11], R2") == "STS.64"
+    assert ncu_stalls.opcode("WARPGROUP.DEPBAR.LE gsb0, 0x1") == "WARPGROUP.DEPBAR"
+    assert ncu_stalls.opcode("") == ""
