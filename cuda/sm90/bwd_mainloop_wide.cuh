@@ -188,8 +188,8 @@ struct BwdMainloopWide {
           constexpr int kPart = decltype(part)::value;
           mask.apply(acc, args.attn, key_cta0, key0, q_base, t);
           if constexpr (kPart == 0) {
-            const bool need_mask =
-                !kMasked && (key_cta0 + kBlockN - 1 >= S || (kCausal && key_cta0 + kBlockN - 1 > q_base));
+            // (Never causal here: causal unmasked calls take 1 / 2, masked ones have kCausal false.)
+            const bool need_mask = !kMasked && key_cta0 + kBlockN - 1 >= S;
             Base::template probs<kCausal, kBlockM>(acc, col, q_base, key0, S, sl2, need_mask, t);
           } else if constexpr (kPart == 1) {
             Base::template probs_tile<true, true, kBlockM>(acc, col, q_base, key0, S, sl2, true, t);
