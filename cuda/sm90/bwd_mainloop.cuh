@@ -31,17 +31,6 @@
 
 namespace jaxattn::sm90 {
 
-// Experiment switch (default 0): 1 = masked steps at head dims 64 / 128 load their lse
-// columns before the S^T wait too (BwdMainloop::consume, kEarlyLse).
-#ifndef JAXATTN_EXP_BWD_EARLY_LSE_MASKED
-#define JAXATTN_EXP_BWD_EARLY_LSE_MASKED 0
-#endif
-// Experiment switch (default 0): 1 = the lse / D column loads by 4 lanes a warp and
-// shuffles (load_col_stats).
-#ifndef JAXATTN_EXP_BWD_STATS_SHFL
-#define JAXATTN_EXP_BWD_STATS_SHFL 0
-#endif
-
 // The mask of one consumer thread's S^T accumulators in a masked backward (no-ops
 // unless kMasked): 64 keys (this thread's rows key0, key0 + 8) x kCols query
 // columns. It holds the key rows' segment ids, the step's segment-id matches
@@ -406,22 +395,8 @@ struct BwdMainloop {
   // columns 8 j + 2 t, 8 j + 2 t + 1: one 8-byte shared load per j.
   template <int kCols>
   __device__ __forceinline__ static void load_col_stats(float2 (&v)[kCols / 8], uint32_t row_stats, int t) {
-#if JAXATTN_EXP_BWD_STATS_SHFL
-    // Experiment: the 8 lanes sharing t read the same columns; lanes 0-3 (g = 0, t =
-    // lane) load them (one shared wavefront per load instead of two) and shuffle them
-    // to the others.
-    const bool loader = (threadIdx.x % 32) < 4;
-#pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) {
-      float2 x = make_float2(0.f, 0.f);
-      if (loader) x = ptx::ld_shared_f32x2(row_stats + 4 * (8 * j + 2 * t));
-      v[j].x = __shfl_sync(0xffffffffu, x.x, t);
-      v[j].y = __shfl_sync(0xffffffffu, x.y, t);
-    }
-#else
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) v[j] = ptx::ld_shared_f32x2(row_stats + 4 * (8 * j + 2 * t));
-#endif
   }
 
   // P^T = exp2(S^T scale log2e - lse) in place, for an accumulator of 64 keys (this
@@ -571,8 +546,7 @@ struct BwdMainloop {
         // non-causal step gains from it (session 37 run 5: +3-4% non-causal, -4% causal
         // 4K); elsewhere lse once S^T is in (after its mask). D before waiting for dP^T.
         constexpr bool kEarlyStats = kHeadDim == 64 && !kMasked;
-        constexpr bool kEarlyLse = kEarlyStats || (kHeadDim == 128 && !kMasked && !kCausal) ||
-                                   (JAXATTN_EXP_BWD_EARLY_LSE_MASKED && kHeadDim <= 128 && kMasked);
+        constexpr bool kEarlyLse = kEarlyStats || (kHeadDim == 128 && !kMasked && !kCausal);
         float2 lse_c[kBlockM / 8], dps_c[kBlockM / 8];
         if constexpr (kEarlyLse) load_col_stats<kBlockM>(lse_c, sm.stats(pipe.stage), t);
 
