@@ -248,7 +248,7 @@ struct BwdMainloop {
                                      : nullptr;
     if (sem) {
       const int first = adds_first >= 0 ? adds_first : dq_adds_first(tile, args, q_base / kBlockM, view);
-      ptx::wait_counter_geq(sem, Tr::kDqAddsPerStep * first);
+      ptx::wait_counter_geq(sem, 2 * first);
       hptx::fence_proxy_async_global();
     }
 #if defined(JAXATTN_EXP_HALF_DQ_REDUCE)  // timing experiment only: warpgroup 1's dQ never added
@@ -259,7 +259,7 @@ struct BwdMainloop {
     if constexpr (Tr::kRows) {
       if (q_base + 64 * wg < args.seqlen_q) reduce_add_tile(tm_dq, stage, q_base + 64 * wg, 0, head, tile.batch);
     } else {
-      reduce_add_tile(tm_dq, stage, q_base, Tr::kAltDq ? 0 : wg * Tr::kDqChunks, head, tile.batch);
+      reduce_add_tile(tm_dq, stage, q_base, wg * Tr::kDqChunks, head, tile.batch);
     }
 #endif
     hptx::bulk_commit();
@@ -279,7 +279,6 @@ struct BwdMainloop {
   __device__ static void reduce_dq(const CUtensorMap* tm_dq, const BwdSmem<Tr>& sm, const BwdTile& tile,
                                    const BwdArgs& args, const MaskView* view) {
     uint32_t phase = 0;
-    int step = 0;  // (kAltDq)
     for (int hg = 0; hg < args.group; ++hg) {
       const int head = tile.kv_head * args.group + hg;
       // Deterministic, masked: the run's last key block, advanced once per query block
@@ -289,17 +288,15 @@ struct BwdMainloop {
       // 1.74 -> 1.21; unmasked kernels' SASS unchanged.
       const int n_blocks = (args.seqlen_k + kBlockN - 1) / kBlockN;
       int last = tile.n_block;
-      for (int m = tile.m_begin; m < tile.m_end; ++m, phase ^= 1, ++step) {
+      for (int m = tile.m_begin; m < tile.m_end; ++m, phase ^= 1) {
         int adds_first = -1;
         if (args.dq_semaphore && view) {
           last = dq_run_last_from<kBlockM, kBlockN>(*view, last, m, n_blocks);
           adds_first = last - tile.n_block;
         }
 #pragma unroll
-        for (int a = 0; a < Tr::kDqAddsPerStep; ++a) {
-          // (kAltDq: the step's one tile, from warpgroup step & 1, its (step / 2)-th)
-          const int wg = Tr::kAltDq ? step & 1 : a;
-          hptx::mbar_wait(sm.bar_dq_full(wg), Tr::kAltDq ? (uint32_t)(step >> 1) & 1u : phase);
+        for (int wg = 0; wg < Tr::kConsumerWarpgroups; ++wg) {
+          hptx::mbar_wait(sm.bar_dq_full(wg), phase);
           add_dq(tm_dq, sm.dq(wg), tile, args, head, tile.q_row<Tr>(m), wg, view, adds_first);
           hptx::bulk_wait_read0();
           hptx::mbar_arrive(sm.bar_dq_empty(wg));
@@ -363,7 +360,7 @@ struct BwdMainloop {
   // 128 keys. A = dS^T [keys][kBlockM] in smem (MN-major), B = K (MN-major).
   template <bool kAdd>
   __device__ __forceinline__ static void issue_dq(float (&dq)[kDqRegs], uint32_t ds_tile, uint32_t k_tile, int wg) {
-    const int col0 = Tr::kAltDq ? 0 : wg * Tr::kDqCols;
+    const int col0 = wg * Tr::kDqCols;
     const uint32_t b_base = k_tile + (col0 / 64) * kBlockN * 128 + (col0 % 64) * 2;
     const hptx::TileDesc<kAdd> a(ds_tile, kBlockN * 128, 1024), b(b_base, kBlockN * 128, 1024);
 #pragma unroll
@@ -585,8 +582,6 @@ struct BwdMainloop {
         }
         store_packed_sw128<kBlockM>(ds, sm.ds(slot) + wg * 64 * 128, 0, warp * 16 + g, t);
         hptx::fence_proxy_async_smem();
-        // (kAltDq) this warpgroup computes the step's dQ
-        const bool dq_here = !Tr::kAltDq || (step & 1) == wg;
         if constexpr (Tr::kSkewDq) {
           __syncwarp();
           if (lane == 0) hptx::mbar_arrive(sm.bar_ds_full(slot));
@@ -595,72 +590,41 @@ struct BwdMainloop {
           // behind a branch made ptxas keep dQ live across the loop: 68-490 bytes of
           // spills at H=128).
           hptx::mbar_wait(sm.bar_ds_full(dq_step & 1), (dq_step >> 1) & 1);
-        } else if constexpr (Tr::kAltDq) {
-          // Both dS^T halves in: the step's dQ warpgroup waits, the other only arrives
-          // (barrier 6 + w: warpgroup w waits; the turns keep a warpgroup from arriving
-          // twice before the other's wait).
-          if (dq_here) hptx::named_bar_sync(6 + wg, 256);
-          else hptx::named_bar_arrive(6 + (wg ^ 1), 256);
         } else {
           hptx::named_bar_sync(1, 256);
         }
 
         take_turn(wg);
-        if constexpr (!Tr::kAltDq) hptx::wgmma_fence();
-        if constexpr (Tr::kAltDq) {
-          // Each path a whole pipeline stage (dV, issued before, and its own products
-          // retired before the paths join): with the dQ issue alone behind the branch,
-          // ptxas serialised every wgmma (C7514; session 38 run 2: -29%).
-          if (dq_here) {
-            hptx::wgmma_fence();
-            issue_dq<kAdd>(dq, sm.ds(slot), sm.k(), wg);
-            hptx::wgmma_commit();
-            issue_acc_rs<kAdd>(dk, ds, q_tile);
-            hptx::wgmma_commit();
-            pass_turn(wg, wg == 1 && last_step);
-            hptx::wgmma_wait<1>();
-            hptx::reg_fence_array(dq);
-            hptx::reg_fence_array(p);
-            stage_dq(dq, tm_dq, sm, tile, args, head, q_base, wg, tid, step >> 1, dq_view);
-            hptx::wgmma_wait<0>();
-          } else {
-            hptx::wgmma_fence();
-            issue_acc_rs<kAdd>(dk, ds, q_tile);
-            hptx::wgmma_commit();
-            pass_turn(wg, wg == 1 && last_step);
-            hptx::wgmma_wait<0>();
-          }
-        } else {
-          issue_dq<kAdd>(dq, sm.ds(Tr::kSkewDq ? dq_step & 1 : slot), sm.k(), wg);
-          hptx::wgmma_commit();
-          issue_acc_rs<kAdd>(dk, ds, q_tile);
-          hptx::wgmma_commit();
-          pass_turn(wg, wg == 1 && last_step);
+        hptx::wgmma_fence();
+        issue_dq<kAdd>(dq, sm.ds(Tr::kSkewDq ? dq_step & 1 : slot), sm.k(), wg);
+        hptx::wgmma_commit();
+        issue_acc_rs<kAdd>(dk, ds, q_tile);
+        hptx::wgmma_commit();
+        pass_turn(wg, wg == 1 && last_step);
 
-          // dQ: staged once its wgmma (and dV's) are done, while dK's runs.
-          hptx::wgmma_wait<1>();
-          hptx::reg_fence_array(dq);
-          hptx::reg_fence_array(p);  // keeps P^T's registers (dV's A operand) live until here
-          if constexpr (Tr::kSkewDq) {
-            if (step >= 1) {
-              __syncwarp();
-              if (lane == 0) hptx::mbar_arrive(sm.bar_ds_empty(dq_step & 1));
-              stage_dq(dq, tm_dq, sm, tile, args, prev_head, prev_q_base, wg, tid, step - 1, dq_view);
-            }
-            prev_head = head;
-            prev_q_base = q_base;
-          } else {
-            stage_dq(dq, tm_dq, sm, tile, args, head, q_base, wg, tid, step, dq_view);
+        // dQ: staged once its wgmma (and dV's) are done, while dK's runs.
+        hptx::wgmma_wait<1>();
+        hptx::reg_fence_array(dq);
+        hptx::reg_fence_array(p);  // keeps P^T's registers (dV's A operand) live until here
+        if constexpr (Tr::kSkewDq) {
+          if (step >= 1) {
+            __syncwarp();
+            if (lane == 0) hptx::mbar_arrive(sm.bar_ds_empty(dq_step & 1));
+            stage_dq(dq, tm_dq, sm, tile, args, prev_head, prev_q_base, wg, tid, step - 1, dq_view);
           }
-          // (The next step's S^T issued here, behind dK, at head dim 64: -1% causal, +6%
-          // on the split-hd variant non-causal, still 4% behind the pingpong; at 128
-          // ptxas serialised the wgmmas. Session 28 run 3.)
-          hptx::wgmma_wait<0>();
+          prev_head = head;
+          prev_q_base = q_base;
+        } else {
+          stage_dq(dq, tm_dq, sm, tile, args, head, q_base, wg, tid, step, dq_view);
         }
+
+        // (The next step's S^T issued here, behind dK, at head dim 64: -1% causal, +6%
+        // on the split-hd variant non-causal, still 4% behind the pingpong; at 128
+        // ptxas serialised the wgmmas. Session 28 run 3.)
+        hptx::wgmma_wait<0>();
         hptx::reg_fence_array(dk);
         hptx::reg_fence_array(dv);
         hptx::reg_fence_array(ds);  // dK's A operand
-        if constexpr (Tr::kAltDq) hptx::reg_fence_array(p);  // (dV's A operand)
         release(sm.bar_q_empty(pipe.stage), lane);
         pipe.advance();
         ds_buf ^= 1;

@@ -30,10 +30,6 @@
 
 #include "common/params.h"
 
-#ifndef JAXATTN_EXP_BWD64_ALT_DQ
-#define JAXATTN_EXP_BWD64_ALT_DQ 0
-#endif
-
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -108,16 +104,7 @@ struct BwdTraits {
   static_assert((kProducerRegs + kConsumerWarpgroups * kConsumerRegs) * 128 <= 168 * 384, "register pool");
 
   static constexpr int kChunks = kHeadDim / 64;
-  // kAltDq (experiment, -DJAXATTN_EXP_BWD64_ALT_DQ=1; the H=64 pingpong): one warpgroup
-  // computes the step's whole dQ (all 64 columns over the 128 keys), warpgroup
-  // step & 1, so the two take turns step by step: one dQ wgmma burst of N = 64 and one
-  // staging / reduce-add a step instead of two of N = 32, dS^T read once instead of
-  // twice, and only the dQ warpgroup waits for the other's dS^T half.
-  static constexpr bool kAltDq = JAXATTN_EXP_BWD64_ALT_DQ && kPingpong && kHeadDim == 64;
-  static constexpr int kDqCols = (kRows || kAltDq) ? kHeadDim : kHeadDim / 2;  // dQ columns per warpgroup
-  // Deterministic mode: reduce-adds into a query block per key block (one per warpgroup,
-  // or one with kAltDq).
-  static constexpr int kDqAddsPerStep = kAltDq ? 1 : 2;
+  static constexpr int kDqCols = kRows ? kHeadDim : kHeadDim / 2;        // dQ columns per warpgroup
   static constexpr int kDqRows = kRows ? 64 : kBlockM;                   // dQ rows per warpgroup
   static constexpr int kKvCols = kWide ? kHeadDim / 2 : kHeadDim;        // columns of a dK / dV array (wide: a half)
   static constexpr int kAccRegs = kKvCols / 2;                           // dK / dV floats per thread
