@@ -84,7 +84,8 @@ struct BwdTraits {
   static constexpr bool kDqWarp = kHeadDim <= 128;
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = kRows ? 128 : 64;  // query rows per step (one dS^T chunk; kRows: two)
-  // (3 stages: same speed at head dim 64 (session 5) and -1 to +0.3% at 128 (session 9).)
+  // (3 stages: same speed at head dim 64 (session 5; the pingpong again in session 38
+  // run 4: 0 +- 1%) and -1 to +0.3% at 128 (session 9).)
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // setmaxnreg only moves registers inside the CTA's launch allocation, 168 per thread
@@ -172,10 +173,13 @@ struct BwdTraits {
   // non-causal at H=128 (+1 / +4 / +3% at T = 1K / 4K / 16K) and H=256 (+1.5-2.5%); it
   // lost at H=64 non-causal (-3%) and H=256 causal (-4 to -11%), and was within 2%
   // either way at causal H=64 / 128. The masked kernels keep the rebuilt descriptors
-  // (with addition the masked H=128 kernel spilled 8 bytes).
+  // (with addition the masked H=128 kernel spilled 8 bytes). The H=64 non-causal
+  // pingpong re-measured after its K / V register fragments, dQ warp and early
+  // statistics (session 38 run 4, standalone, two rounds): +1.7-2.3% at T=16K, +1.3-2.3%
+  // at 8K, +0.9-4.3% at 4K, +1.6-1.9% at 1K, so it adds too.
   template <bool kCausal, bool kMasked>
   static constexpr bool desc_add() {
-    return !kMasked && !kCausal && kHeadDim >= 128;
+    return !kMasked && !kCausal && (kHeadDim >= 128 || kPingpong);
   }
 };
 
