@@ -30,6 +30,12 @@
 
 #include "common/params.h"
 
+// Experiment switch (default 0): the head dim (128 or 256) whose causal unmasked
+// backward builds its wgmma descriptors by addition.
+#ifndef JAXATTN_EXP_BWD_CAUSAL_DESC_ADD
+#define JAXATTN_EXP_BWD_CAUSAL_DESC_ADD 0
+#endif
+
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -179,7 +185,7 @@ struct BwdTraits {
   // at 8K, +0.9-4.3% at 4K, +1.6-1.9% at 1K, so it adds too.
   template <bool kCausal, bool kMasked>
   static constexpr bool desc_add() {
-    return !kMasked && !kCausal && (kHeadDim >= 128 || kPingpong);
+    return !kMasked && (!kCausal || kHeadDim == JAXATTN_EXP_BWD_CAUSAL_DESC_ADD) && (kHeadDim >= 128 || kPingpong);
   }
 };
 

@@ -11,6 +11,12 @@
 #include "common/fast_div.h"
 #include "common/params.h"
 
+// Experiment switch (default 0): the H=64 non-causal forward builds its wgmma
+// descriptors by addition too.
+#ifndef JAXATTN_EXP_FWD64_DESC_ADD
+#define JAXATTN_EXP_FWD64_DESC_ADD 0
+#endif
+
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; every tile is 128B-swizzled and
@@ -95,7 +101,7 @@ struct FwdTraits {
   // kernels were not measured with it and keep the rebuilt descriptors.
   template <bool kCausal, bool kMasked>
   static constexpr bool desc_add() {
-    return !kMasked && ((kHeadDim == 64 && kCausal) || (kHeadDim == 128 && !kCausal));
+    return !kMasked && ((kHeadDim == 64 && (kCausal || JAXATTN_EXP_FWD64_DESC_ADD)) || (kHeadDim == 128 && !kCausal));
   }
 };
 
