@@ -48,16 +48,11 @@ struct BwdMainloopRows {
   static constexpr int kDqRegs = Tr::kDqCols / 2;  // dQ: 64 rows x 64
   static constexpr uint32_t kChunk = kBlockM * 128;  // bytes of one 64-key chunk of the P / dS tiles
   using Pipe = typename Base::Pipe;
-  // Experiment switch (default 0): wgmma descriptors by addition.
-#ifndef JAXATTN_EXP_BWD64_ROWS_DESC_ADD
-#define JAXATTN_EXP_BWD64_ROWS_DESC_ADD 0
-#endif
-  static constexpr bool kDescAdd = JAXATTN_EXP_BWD64_ROWS_DESC_ADD;
 
   // acc(64 rows of the A tile at a_rows, 128 keys) = A B^T over the head dim (one
   // 64-element chunk), both K-major: S = Q K^T, dP = dO V^T.
   __device__ __forceinline__ static void issue_scores(float (&acc)[kSRegs], uint32_t a_rows, uint32_t b_tile) {
-    const hptx::TileDesc<kDescAdd> a(a_rows, 16, 1024), b(b_tile, 16, 1024);
+    const hptx::TileDesc<false> a(a_rows, 16, 1024), b(b_tile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk)
       hptx::wgmma_ss<Elem, kBlockN, 0>(acc, a.at(kk * 32), b.at(kk * 32), kk > 0 ? 1 : 0);
@@ -66,7 +61,7 @@ struct BwdMainloopRows {
   // acc(64 keys, 64) += A^T B over the step's 128 queries: A = key chunk `chunk` of a
   // [queries][keys] tile (MN-major), B = the step's Q or dO tile (MN-major).
   __device__ __forceinline__ static void issue_grad(float (&acc)[kAccRegs], uint32_t chunk, uint32_t b_tile) {
-    const hptx::TileDesc<kDescAdd> a(chunk, kChunk, 1024), b(b_tile, kBlockM * 128, 1024);
+    const hptx::TileDesc<false> a(chunk, kChunk, 1024), b(b_tile, kBlockM * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
       hptx::wgmma_ss_t<Elem, Tr::kHeadDim, 1, 1>(acc, a.at(kk * 16 * 128), b.at(kk * 16 * 128), 1);
@@ -74,7 +69,7 @@ struct BwdMainloopRows {
 
   // dq(64 rows, 64) = dS K over the CTA's 128 keys: A = dS from registers, B = K (MN-major).
   __device__ __forceinline__ static void issue_dq(float (&dq)[kDqRegs], const uint32_t (&ds)[kPRegs], uint32_t k_tile) {
-    const hptx::TileDesc<kDescAdd> b(k_tile, kBlockN * 128, 1024);
+    const hptx::TileDesc<false> b(k_tile, kBlockN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint32_t f[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};

@@ -30,12 +30,6 @@
 
 #include "common/params.h"
 
-// Experiment switch (default 0): the head dim (128 or 256) whose causal unmasked
-// backward builds its wgmma descriptors by addition.
-#ifndef JAXATTN_EXP_BWD_CAUSAL_DESC_ADD
-#define JAXATTN_EXP_BWD_CAUSAL_DESC_ADD 0
-#endif
-
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -182,10 +176,13 @@ struct BwdTraits {
   // (with addition the masked H=128 kernel spilled 8 bytes). The H=64 non-causal
   // pingpong re-measured after its K / V register fragments, dQ warp and early
   // statistics (session 38 run 4, standalone, two rounds): +1.7-2.3% at T=16K, +1.3-2.3%
-  // at 8K, +0.9-4.3% at 4K, +1.6-1.9% at 1K, so it adds too.
+  // at 8K, +0.9-4.3% at 4K, +1.6-1.9% at 1K, so it adds too. So does the causal H=128
+  // kernel now (session 38 run 5: +2.1 / +4.1% at 16K, -0.8 / +2.5% at 4K, +1.2 / +1.5%
+  // at 1K); the causal H=64 row kernel was neutral with it (0 +- 0.5%, rebuilt
+  // descriptors kept), the causal H=256 kernel spills 28 bytes with it (not re-run).
   template <bool kCausal, bool kMasked>
   static constexpr bool desc_add() {
-    return !kMasked && (!kCausal || kHeadDim == JAXATTN_EXP_BWD_CAUSAL_DESC_ADD) && (kHeadDim >= 128 || kPingpong);
+    return !kMasked && (!kCausal || kHeadDim == 128) && (kHeadDim >= 128 || kPingpong);
   }
 };
 

@@ -11,12 +11,6 @@
 #include "common/fast_div.h"
 #include "common/params.h"
 
-// Experiment switch (default 0): the H=64 non-causal forward builds its wgmma
-// descriptors by addition too.
-#ifndef JAXATTN_EXP_FWD64_DESC_ADD
-#define JAXATTN_EXP_FWD64_DESC_ADD 0
-#endif
-
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; every tile is 128B-swizzled and
@@ -98,10 +92,12 @@ struct FwdTraits {
   // addition won at H=64 causal (+2 / +3 / +6% at T = 1K / 4K / 16K) and H=128
   // non-causal (+3 / +1.5 / +1.5%); it lost at H=128 causal 4K / 16K (-1 / -2%) and at
   // H=256 (-5 to -8% on the persistent grid); H=64 non-causal was neutral. The masked
-  // kernels were not measured with it and keep the rebuilt descriptors.
+  // kernels were not measured with it and keep the rebuilt descriptors. H=64 non-causal
+  // re-measured on today's kernels (session 38 run 5, standalone, two rounds): +4.3 /
+  // +1.4% at T=16K, +3.1 / +3.8% at 4K, -2.1 / -0.2% at 1K, so H=64 adds either way.
   template <bool kCausal, bool kMasked>
   static constexpr bool desc_add() {
-    return !kMasked && ((kHeadDim == 64 && (kCausal || JAXATTN_EXP_FWD64_DESC_ADD)) || (kHeadDim == 128 && !kCausal));
+    return !kMasked && (kHeadDim == 64 || (kHeadDim == 128 && !kCausal));
   }
 };
 
