@@ -95,9 +95,12 @@ struct FwdTraits {
   // kernels were not measured with it and keep the rebuilt descriptors. H=64 non-causal
   // re-measured on today's kernels (session 38 run 5, standalone, two rounds): +4.3 /
   // +1.4% at T=16K, +3.1 / +3.8% at 4K, -2.1 / -0.2% at 1K, so H=64 adds either way.
+  // Session 38 run 7 (two rounds): H=256 causal +0.8 / +1.6% at 16K, +1.2 / +0.9% at 4K
+  // (adds now); H=256 non-causal -1.7 / -0.9% and -4.4 / -4.7% (rebuilt); H=128 causal
+  // 0 (rebuilt); the masked forward at H=128 within +-2% either way (rebuilt).
   template <bool kCausal, bool kMasked>
   static constexpr bool desc_add() {
-    return !kMasked && (kHeadDim == 64 || (kHeadDim == 128 && !kCausal));
+    return !kMasked && (kHeadDim == 64 || (kHeadDim == 128 && !kCausal) || (kHeadDim == 256 && kCausal));
   }
 };
 
