@@ -30,6 +30,12 @@
 
 #include "common/params.h"
 
+// Experiment switch (default 0): the H=64 row kernel's dQ staging with the
+// conflict-free spread stores (kDqStoreSpread).
+#ifndef JAXATTN_EXP_BWD64_ROWS_SPREAD
+#define JAXATTN_EXP_BWD64_ROWS_SPREAD 0
+#endif
+
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -99,7 +105,8 @@ struct BwdTraits {
   // The H=64 pingpong kernels (non-causal, masked) take it too: session 15 run 3, same
   // run, +1 / +1.2 / +0.5% non-causal (T = 1K / 4K / 16K); the causal split kernels keep
   // the plain store.
-  static constexpr bool kDqStoreSpread = kHeadDim == 128 || (kHeadDim == 64 && kPingpong);
+  static constexpr bool kDqStoreSpread =
+      kHeadDim == 128 || (kHeadDim == 64 && (kPingpong || (JAXATTN_EXP_BWD64_ROWS_SPREAD && kRows)));
   static constexpr int kProducerRegs = kHeadDim == 64 ? 32 : 24;
   static constexpr int kConsumerRegs = kHeadDim == 64 ? 232 : 240;
   static_assert((kProducerRegs + kConsumerWarpgroups * kConsumerRegs) * 128 <= 168 * 384, "register pool");
