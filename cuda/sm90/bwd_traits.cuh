@@ -175,21 +175,16 @@ struct BwdTraits {
   static_assert(kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqWgBytes % 1024 == 0, "1024-aligned tiles");
   static_assert(kBlockM == 64 || kRows, "a dS^T / P^T tile is one 64-column chunk");
 
-  // wgmma descriptors by addition (hptx::TileDesc<true>) or rebuilt from each address:
-  // chosen by measurement (H200, session 10 run 1, standalone). By addition won
-  // non-causal at H=128 (+1 / +4 / +3% at T = 1K / 4K / 16K) and H=256 (+1.5-2.5%); it
-  // lost at H=64 non-causal (-3%) and H=256 causal (-4 to -11%), and was within 2%
-  // either way at causal H=64 / 128. (The masked kernels kept the rebuilt descriptors
-  // until session 38: with addition the masked H=128 kernel spilled 8 bytes then.) The H=64 non-causal
-  // pingpong re-measured after its K / V register fragments, dQ warp and early
-  // statistics (session 38 run 4, standalone, two rounds): +1.7-2.3% at T=16K, +1.3-2.3%
-  // at 8K, +0.9-4.3% at 4K, +1.6-1.9% at 1K, so it adds too. So does the causal H=128
-  // kernel now (session 38 run 5: +2.1 / +4.1% at 16K, -0.8 / +2.5% at 4K, +1.2 / +1.5%
-  // at 1K); the causal H=64 row kernel was neutral with it (0 +- 0.5%, rebuilt
-  // descriptors kept), the causal H=256 kernel spills 28 bytes with it (not re-run).
-  // The masked kernels at H = 64 / 128 add too (session 38 run 7, H=128 causal documents
-  // on the masked kernel, two rounds: backward time -1 to -5%, mean -2%; no spills now;
-  // the masked H=64 pingpong's speed with it is not measured, its float64 checks pass).
+  // wgmma descriptors by addition (hptx::TileDesc<true>) or rebuilt from each address,
+  // chosen per kernel by measurement (H200, standalone). By addition: non-causal H=128 /
+  // 256 (session 10: +1-4%); the H=64 non-causal pingpong (session 38 run 4: +2.0% mean,
+  // +1.7-2.3% at T=16K; it had lost 3% in session 10, before the K / V register
+  // fragments, the dQ warp and the early statistics); causal H=128 (run 5: +1.8% mean,
+  // +2-4% at 16K; within 2% in session 10); the masked kernels at H = 64 / 128 (run 7:
+  // -2% backward time on H=128 documents, no spills now (8 bytes in session 10); the
+  // masked H=64 speed not measured). Rebuilt: causal H=256 (session 10: -4 to -11%; 28
+  // bytes of spills with it now), the masked H=256 kernels (not measured); the causal
+  // H=64 row kernel builds its own (BwdMainloopRows; by addition 0 +- 0.5%, run 5).
   template <bool kCausal, bool kMasked>
   static constexpr bool desc_add() {
     return (!kMasked || kHeadDim <= 128) && (!kCausal || kHeadDim == 128) && (kHeadDim >= 128 || kPingpong);

@@ -87,17 +87,13 @@ struct FwdTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "1024-aligned tiles");
 
-  // wgmma descriptors by addition (hptx::TileDesc<true>) or rebuilt from each address:
-  // chosen by measurement (H200, session 10 run 1, standalone, every schedule). By
-  // addition won at H=64 causal (+2 / +3 / +6% at T = 1K / 4K / 16K) and H=128
-  // non-causal (+3 / +1.5 / +1.5%); it lost at H=128 causal 4K / 16K (-1 / -2%) and at
-  // H=256 (-5 to -8% on the persistent grid); H=64 non-causal was neutral. The masked
-  // kernels were not measured with it and keep the rebuilt descriptors. H=64 non-causal
-  // re-measured on today's kernels (session 38 run 5, standalone, two rounds): +4.3 /
-  // +1.4% at T=16K, +3.1 / +3.8% at 4K, -2.1 / -0.2% at 1K, so H=64 adds either way.
-  // Session 38 run 7 (two rounds): H=256 causal +0.8 / +1.6% at 16K, +1.2 / +0.9% at 4K
-  // (adds now); H=256 non-causal -1.7 / -0.9% and -4.4 / -4.7% (rebuilt); H=128 causal
-  // 0 (rebuilt); the masked forward at H=128 within +-2% either way (rebuilt).
+  // wgmma descriptors by addition (hptx::TileDesc<true>) or rebuilt from each address,
+  // chosen per kernel by measurement (H200, standalone, every schedule). By addition:
+  // H=64 causal (session 10: +2 / +3 / +6% at T = 1K / 4K / 16K) and non-causal (session
+  // 38 run 5: +1.4-4.3% at 4K-16K, -0.2 / -2.1% at 1K; neutral in session 10), H=128
+  // non-causal (session 10: +1.5-3%), H=256 causal (session 38 run 7: +0.8-1.6%).
+  // Rebuilt: H=128 causal (session 10: -1 / -2%; run 7: 0), H=256 non-causal (run 7:
+  // -1 to -5%), the masked kernels (run 7, H=128 documents: within +-2% either way).
   template <bool kCausal, bool kMasked>
   static constexpr bool desc_add() {
     return !kMasked && (kHeadDim == 64 || (kHeadDim == 128 && !kCausal) || (kHeadDim == 256 && kCausal));
