@@ -30,12 +30,6 @@
 
 #include "common/params.h"
 
-// Experiment switch (default 0): the H=64 row kernel's dQ staging with the
-// conflict-free spread stores (kDqStoreSpread).
-#ifndef JAXATTN_EXP_BWD64_ROWS_SPREAD
-#define JAXATTN_EXP_BWD64_ROWS_SPREAD 0
-#endif
-
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -103,10 +97,11 @@ struct BwdTraits {
   // 16K), +2 / +5.5 / +6.5% causal; H=64 0 to +2% non-causal but -2 / -3 / -3% causal,
   // H=256 causal -0 / -2 / -3% (the selects cost more there than the conflicts did).
   // The H=64 pingpong kernels (non-causal, masked) take it too: session 15 run 3, same
-  // run, +1 / +1.2 / +0.5% non-causal (T = 1K / 4K / 16K); the causal split kernels keep
-  // the plain store.
-  static constexpr bool kDqStoreSpread =
-      kHeadDim == 128 || (kHeadDim == 64 && (kPingpong || (JAXATTN_EXP_BWD64_ROWS_SPREAD && kRows)));
+  // run, +1 / +1.2 / +0.5% non-causal (T = 1K / 4K / 16K). The causal H=64 row kernels
+  // (64 x 64 staging a warpgroup, as wide as the wide kernels') take it: session 39 run 4,
+  // standalone, two rounds, +3.3 / +4.6 / +3.8% (T = 1K / 4K / 16K). The causal split
+  // kernels (64 x 32 staging) keep the plain store.
+  static constexpr bool kDqStoreSpread = kHeadDim == 128 || (kHeadDim == 64 && (kPingpong || kRows));
   static constexpr int kProducerRegs = kHeadDim == 64 ? 32 : 24;
   static constexpr int kConsumerRegs = kHeadDim == 64 ? 232 : 240;
   static_assert((kProducerRegs + kConsumerWarpgroups * kConsumerRegs) * 128 <= 168 * 384, "register pool");
