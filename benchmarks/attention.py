@@ -30,7 +30,12 @@ at the clock the mix sets: an implementation that draws less power per clock
 `--settle-ms 1500 --turn-samples 5` runs each implementation untimed for
 1.5 s before each of its turns, measuring each at its own clock (session 17:
 the portable H=128 T=16K forward read 324 TFLOP/s beside cuDNN at 1 sample a
-turn and 348 alone). `--clocks` samples the SM clock and board power through NVML
+turn and 348 alone). `--cool-ms 2500` instead leaves the GPU idle that long before
+each turn, so every implementation is timed from a cool power average at its burst
+clock (up to 1980 MHz): what a short call sees, and how ../shared/GPU.md's peers
+table (20 jitted calls from the host, one implementation at a time) was measured.
+Report which mode a number comes from: the 16K rows differ by ~15% between them.
+`--clocks` samples the SM clock and board power through NVML
 during the timed samples (benchmarks/gpu_clock.py) and reports each implementation's
 medians beside its time ("clock" in the JSON, a column of the table).
 Inputs rotate over 3 sets when one set (q, k, v[, dout]) is smaller than
@@ -156,6 +161,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default 0); the H200 runs power-capped and its clock follows a ~1 s average "
                         "of the power, so in a round robin of ~20 ms samples every implementation "
                         "runs at the clock the mix sets; ~1500 measures each at its own")
+    p.add_argument("--cool-ms", type=float, default=0.0,
+                   help="idle this long before each implementation's turn (default 0): each is timed "
+                        "from a cool power average, at its burst clock; exclusive with --settle-ms")
     p.add_argument("--clocks", action="store_true",
                    help="GPU: sample the SM clock and board power (NVML, benchmarks/gpu_clock.py) "
                         "during the timed samples; per implementation medians in the JSON ('clock') "
@@ -186,6 +194,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="measure nothing: redraw the plot and table of an attention.json into --out")
     args = p.parse_args(argv)
 
+    if args.cool_ms < 0 or args.settle_ms < 0:
+        p.error("--cool-ms and --settle-ms must be >= 0")
+    if args.cool_ms > 0 and args.settle_ms > 0:
+        p.error("--cool-ms and --settle-ms are exclusive (one measures the burst clock, the other the settled one)")
     if args.implementation == "none":
         args.implementation = None
     args.pass_list = ["fwd", "fwdbwd"] if args.passes == "both" else [args.passes]
@@ -607,6 +619,8 @@ def run_row(args, jax, jnp, jaxattn, device, row: dict, idx: int) -> tuple[dict,
             try:
                 if args.settle_ms > 0:
                     settle(jax, states[impl], arg_sets, args.settle_ms * 1e-3)
+                elif args.cool_ms > 0:
+                    time.sleep(args.cool_ms * 1e-3)
                 for i in range(turn * per_turn, min(args.reps, (turn + 1) * per_turn)):
                     sample(jax, states[impl], arg_sets, i)
             except Exception as e:  # noqa: BLE001
@@ -903,7 +917,9 @@ def report(doc: dict, out_dir: str) -> str:
     header = (f"{env['device']} | jax {env['jax']} | jaxattn implementation="
               f"{doc['config']['jaxattn_implementation']} | {env['date']} | {doc.get('elapsed_s')} s"
               + (f" | settle {doc['config']['settle_ms']:.0f} ms, {doc['config'].get('turn_samples', 1)} samples a turn"
-                 if doc["config"].get("settle_ms") else " | round robin, 1 sample a turn")
+                 if doc["config"].get("settle_ms")
+                 else f" | cool {doc['config']['cool_ms']:.0f} ms before each turn, {doc['config'].get('turn_samples', 1)} samples a turn"
+                 if doc["config"].get("cool_ms") else " | round robin, 1 sample a turn")
               + ("" if doc.get("complete") else " | INCOMPLETE"))
     with open(md_path, "w") as f:
         f.write(header + "\n\n" + table + "\n")
@@ -956,7 +972,8 @@ def main(argv=None) -> int:
         "passes": args.pass_list, "dtypes": args.dtype_list, "heads": args.heads, "seqlens": args.seqlens,
         "causal": args.causal_list, "impls": args.impl_list, "jaxattn_implementation": args.implementation,
         "tokens": None if args.cpu else args.tokens, "width": None if args.cpu else args.width,
-        "reps": args.reps, "warmup": args.warmup, "settle_ms": args.settle_ms, "turn_samples": args.turn_samples,
+        "reps": args.reps, "warmup": args.warmup, "settle_ms": args.settle_ms, "cool_ms": args.cool_ms,
+        "turn_samples": args.turn_samples,
         "xla_max_logits_gib": args.xla_max_logits_gib,
         "xla_max_seqlen": args.xla_max_seqlen, "rotate_below_mib": args.rotate_below_mib,
         "check_tol": None if args.no_check else args.check_tol, "time_budget_s": args.time_budget,

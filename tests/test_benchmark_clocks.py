@@ -74,3 +74,33 @@ def test_attention_table_has_a_clock_column_only_with_clocks():
         del r["clock"]
     plain = attention.markdown_table([row], ["jaxattn", "cudnn"])
     assert "SM MHz" not in plain and "| 1.03 | cuda |" in plain
+
+
+def test_cool_and_settle_are_exclusive_and_nonnegative():
+    attention = _load("attention")
+    with pytest.raises(SystemExit):
+        attention.parse_args(["--cool-ms", "100", "--settle-ms", "100"])
+    with pytest.raises(SystemExit):
+        attention.parse_args(["--cool-ms", "-1"])
+    assert attention.parse_args(["--cool-ms", "2500"]).cool_ms == 2500.0
+
+
+def test_cool_mode_idles_before_each_turn_and_says_so(tmp_path, monkeypatch):
+    """A CPU run with --cool-ms sleeps once per implementation and turn, records the
+    mode in the JSON config and names it in the table's header."""
+    import json
+    import time as _time
+
+    attention = _load("attention")
+    slept = []
+    real_sleep = _time.sleep
+    monkeypatch.setattr(attention.time, "sleep", lambda s: (slept.append(s), real_sleep(0))[1])
+    out = tmp_path / "cool"
+    rc = attention.main(["--cpu", "--pass", "fwd", "--heads", "32", "--seqlens", "40", "--causal", "0",
+                         "--dtypes", "float32", "--impls", "jaxattn,xla", "--reps", "2", "--warmup", "1",
+                         "--cool-ms", "7", "--out", str(out)])
+    assert rc == 0
+    assert [s for s in slept if s == pytest.approx(0.007)] == [pytest.approx(0.007)] * 4  # 2 turns x 2 impls
+    doc = json.loads((out / "attention.json").read_text())
+    assert doc["config"]["cool_ms"] == 7.0 and doc["config"]["settle_ms"] == 0.0
+    assert "cool 7 ms before each turn" in (out / "attention.md").read_text()
