@@ -30,6 +30,11 @@
 
 #include "common/params.h"
 
+// Experiment switch (default 0): 3 Q / dO stages at head dim 128.
+#ifndef JAXATTN_EXP_BWD128_STAGES3
+#define JAXATTN_EXP_BWD128_STAGES3 0
+#endif
+
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -86,7 +91,7 @@ struct BwdTraits {
   static constexpr int kBlockM = kRows ? 128 : 64;  // query rows per step (one dS^T chunk; kRows: two)
   // (3 stages: same speed at head dim 64 (session 5; the pingpong again in session 38
   // run 4: 0 +- 1%) and -1 to +0.3% at 128 (session 9).)
-  static constexpr int kStages = 2;
+  static constexpr int kStages = (JAXATTN_EXP_BWD128_STAGES3 && kHeadDim == 128) ? 3 : 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // setmaxnreg only moves registers inside the CTA's launch allocation, 168 per thread
   // x 384 (__launch_bounds__(384, 1)) = 64512, not the whole 64K file: 128 x 24 + 256 x
