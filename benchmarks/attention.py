@@ -32,9 +32,10 @@ at the clock the mix sets: an implementation that draws less power per clock
 the portable H=128 T=16K forward read 324 TFLOP/s beside cuDNN at 1 sample a
 turn and 348 alone). `--cool-ms 2500` instead leaves the GPU idle that long before
 each turn, so every implementation is timed from a cool power average at its burst
-clock (up to 1980 MHz): what a short call sees, and how ../shared/GPU.md's peers
-table (20 jitted calls from the host, one implementation at a time) was measured.
-Report which mode a number comes from: the 16K rows differ by ~15% between them.
+clock (up to 1980 MHz): what a short call sees, and how the peers table behind the
+project's bars (20 jitted calls from the host, one implementation at a time) was
+measured. Say which mode a number comes from: cuDNN's H=128 T=16K non-causal fwd+bwd
+read 610 TFLOP/s in that table and 534-548 settled (docs/perf.md, sessions 37-39).
 `--clocks` samples the SM clock and board power through NVML
 during the timed samples (benchmarks/gpu_clock.py) and reports each implementation's
 medians beside its time ("clock" in the JSON, a column of the table).
