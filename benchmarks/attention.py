@@ -905,6 +905,16 @@ def _raise_interrupt(signum, frame):  # noqa: ARG001
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def timing_mode(config: dict) -> str:
+    """How the run's samples were taken (settled, cooled or plain round robin), for the table header."""
+    samples = f"{config.get('turn_samples', 1)} samples a turn"
+    if config.get("settle_ms"):
+        return f"settle {config['settle_ms']:.0f} ms, {samples}"
+    if config.get("cool_ms"):
+        return f"cool {config['cool_ms']:.0f} ms before each turn, {samples}"
+    return "round robin, 1 sample a turn"
+
+
 def report(doc: dict, out_dir: str) -> str:
     """Writes attention.png (if matplotlib imports) and attention.md; returns the table text."""
     env, impl_list = doc["environment"], doc["config"]["impls"]
@@ -917,11 +927,7 @@ def report(doc: dict, out_dir: str) -> str:
     table = markdown_table(doc["rows"], impl_list)
     header = (f"{env['device']} | jax {env['jax']} | jaxattn implementation="
               f"{doc['config']['jaxattn_implementation']} | {env['date']} | {doc.get('elapsed_s')} s"
-              + (f" | settle {doc['config']['settle_ms']:.0f} ms, {doc['config'].get('turn_samples', 1)} samples a turn"
-                 if doc["config"].get("settle_ms")
-                 else f" | cool {doc['config']['cool_ms']:.0f} ms before each turn, {doc['config'].get('turn_samples', 1)} samples a turn"
-                 if doc["config"].get("cool_ms") else " | round robin, 1 sample a turn")
-              + ("" if doc.get("complete") else " | INCOMPLETE"))
+              f" | {timing_mode(doc['config'])}" + ("" if doc.get("complete") else " | INCOMPLETE"))
     with open(md_path, "w") as f:
         f.write(header + "\n\n" + table + "\n")
     log(f"wrote {md_path}" + ("" if note else f", {png_path}"))
