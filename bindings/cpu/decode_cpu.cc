@@ -10,10 +10,12 @@
 //    partial outputs and their logsumexp, merged by a logsumexp-weighted sum
 //    (combine()); the chunk count is chosen so that every thread has work
 //    even at batch 1.
-//  * Keys are gathered tile by tile (kTile keys): the page of key j is
-//    looked up once per key (clamped to the cache), its K row transposed
-//    into a [H x kTile] panel and its V row copied, then the products run on
-//    the register-blocked gemm of flash_cpu_kernels.h.
+//  * Keys are gathered tile by tile (kTile keys): the tile's row offsets
+//    follow the pages without a division per key (a page id is read, and
+//    clamped to the cache, when the walk enters its page), the K rows are
+//    converted and transposed into a [H x kTile] panel through registers
+//    (pack_panel_t) and the V rows converted, then the products run on the
+//    register-blocked gemm of flash_cpu_kernels.h.
 //  * Visibility: query i of row b (position pos = len - Tq + i, len =
 //    kv_lengths[b] clamped to the capacity) sees keys max(0, pos - wl) <= j
 //    <= pos. Tiles entirely visible to every query skip the per-key test.
@@ -59,12 +61,28 @@ inline RowKeys row_keys(const AttnParams& p, int b) {
   return {int(std::min<int64_t>(lo, len)), len};
 }
 
-// Element offset of key j of row b in the cache (head 0): the page lookup.
-inline int64_t key_row(const AttnParams& p, int b, int j, int64_t batch_stride, int64_t row_stride) {
-  if (p.block_table == nullptr) return b * batch_stride + j * row_stride;
-  const int32_t page = std::clamp<int32_t>(p.block_table[int64_t(b) * p.max_pages + j / p.page_size], 0,
-                                           p.num_pages - 1);
-  return page * batch_stride + (j % p.page_size) * row_stride;
+// Element offsets of keys j0 .. j0 + nk - 1 of row b, KV head kh, in the K
+// and V caches: a contiguous cache's rows, or a walk along the row's pages
+// (each page id clamped to the cache, so a bad id never reads out of bounds).
+inline void key_offsets(const AttnParams& p, int b, int kh, int j0, int nk, int64_t* koff, int64_t* voff) {
+  if (p.block_table == nullptr) {
+    for (int jj = 0; jj < nk; ++jj) {
+      koff[jj] = b * p.k_batch_stride + int64_t(j0 + jj) * p.k_row_stride + kh * p.k_head_stride;
+      voff[jj] = b * p.v_batch_stride + int64_t(j0 + jj) * p.v_row_stride + kh * p.v_head_stride;
+    }
+    return;
+  }
+  const int32_t* pages = p.block_table + int64_t(b) * p.max_pages;
+  int page_index = j0 / p.page_size, in_page = j0 % p.page_size;
+  int64_t page = std::clamp<int32_t>(pages[page_index], 0, p.num_pages - 1);
+  for (int jj = 0; jj < nk; ++jj, ++in_page) {
+    if (in_page == p.page_size) {
+      in_page = 0;
+      page = std::clamp<int32_t>(pages[++page_index], 0, p.num_pages - 1);
+    }
+    koff[jj] = page * p.k_batch_stride + in_page * p.k_row_stride + kh * p.k_head_stride;
+    voff[jj] = page * p.v_batch_stride + in_page * p.v_row_stride + kh * p.v_head_stride;
+  }
 }
 
 // $JAXATTN_CPU_DECODE_CHUNK (keys, rounded up to a tile), for tests of the
@@ -112,7 +130,8 @@ JAXATTN_AI void decode_worker(const AttnParams& p, const Plan& plan, const Sink&
   const float qmul = p.scale * kLog2e;
 
   Buf qs(size_t(rows) * Hp), kt(size_t(H) * kTile), vr(size_t(kTile) * Hp), st(size_t(rows) * kTile),
-      oacc(size_t(rows) * Hp), krow(Hp), mrow(rows), lrow(rows), alpha(rows);
+      oacc(size_t(rows) * Hp), pack(size_t(W) * Hp), mrow(rows), lrow(rows), alpha(rows);
+  int64_t koff[kTile], voff[kTile];
 
   for (int64_t t; (t = tc.next()) >= 0;) {
     const int s = int(t % plan.splits);
@@ -135,13 +154,9 @@ JAXATTN_AI void decode_worker(const AttnParams& p, const Plan& plan, const Sink&
 
     for (int j0 = j_begin; j0 < j_end; j0 += kTile) {
       const int nk = std::min(kTile, j_end - j0);
-      for (int jj = 0; jj < nk; ++jj) {
-        const int64_t ko = key_row(p, b, j0 + jj, p.k_batch_stride, p.k_row_stride) + kh * p.k_head_stride;
-        const int64_t vo = key_row(p, b, j0 + jj, p.v_batch_stride, p.v_row_stride) + kh * p.v_head_stride;
-        load_row<D>(p.k, ko, H, 1.f, krow.data());
-        for (int h = 0; h < H; ++h) kt[size_t(h) * kTile + jj] = krow[h];
-        load_row<D>(p.v, vo, H, 1.f, vr.data() + size_t(jj) * Hp);
-      }
+      key_offsets(p, b, kh, j0, nk, koff, voff);
+      pack_panel_t<F, I, D>(p.k, [&](int jj) { return koff[jj]; }, nk, H, pack.data(), kt.data(), kTile);
+      for (int jj = 0; jj < nk; ++jj) load_row<D>(p.v, voff[jj], H, 1.f, vr.data() + size_t(jj) * Hp);
       // S = Q K^T (log2 units); columns >= nk are masked below.
       gemm<F, R, CV, Acc::kSet>(rows, kTile, H, qs.data(), Hp, 1, kt.data(), kTile, st.data(), kTile);
       // Every key of the tile visible to every query?

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "cpu/flash_cpu_kernels.h"
+#include "cpu/isa.h"
 #include "cpu/parallel_for.h"
 
 namespace jaxattn::cpu {
@@ -373,15 +374,13 @@ constexpr int kBK2 = JAXATTN_CPU_BK2;
 
 inline int key_tile(int S, int lanes) { return std::min(kBKMax, round_up(std::max(S, 1), lanes)); }
 
-// Packs keys [j0, j0 + nk) of one head (x[b, j, h_kv, :]) as a transposed
-// panel dst[h * bk + jj]; columns nk..bk-1 are left as they are.
-template <DType D>
-JAXATTN_AI void pack_panel_t(const void* x, int64_t base, int64_t row_stride, int j0, int nk,
-                             int H, int bk, float* __restrict row, float* __restrict dst) {
-  for (int jj = 0; jj < nk; ++jj) {
-    load_row<D>(x, base + int64_t(j0 + jj) * row_stride, H, 1.f, row);
-    for (int h = 0; h < H; ++h) dst[h * bk + jj] = row[h];
-  }
+// Packs keys [j0, j0 + nk) of one head (x[b, j, h_kv, :], base = the offset
+// of (b, 0, h_kv)) as a transposed panel dst[h * bk + jj] (kern::pack_panel_t;
+// row: scratch of W * Hp floats).
+template <class F, class I, DType D>
+JAXATTN_AI void pack_keys_t(const void* x, int64_t base, int64_t row_stride, int j0, int nk, int H, int bk,
+                            float* __restrict row, float* __restrict dst) {
+  pack_panel_t<F, I, D>(x, [&](int jj) { return base + int64_t(j0 + jj) * row_stride; }, nk, H, row, dst, bk);
 }
 
 // ---- forward ---------------------------------------------------------------------
@@ -400,7 +399,7 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
   const float qmul = p.scale * kLog2e;
 
   Buf kt(size_t(nkb) * H * bk), vr(size_t(nkb) * bk * Hp), qs(size_t(kBQ) * Hp),
-      st(size_t(kBQ) * bk), oacc(size_t(kBQ) * Hp), row(Hp), mrow(kBQ), lrow(kBQ), alpha(kBQ);
+      st(size_t(kBQ) * bk), oacc(size_t(kBQ) * Hp), row(size_t(W) * Hp), mrow(kBQ), lrow(kBQ), alpha(kBQ);
   int cached_b = -1, cached_kh = -1;
 
   for (int64_t t; (t = tc.next()) >= 0;) {
@@ -416,7 +415,7 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
       const int64_t vbase = b * p.v_batch_stride + kh * p.v_head_stride;
       for (int kb = 0; kb < nkb; ++kb) {
         const int j0 = kb * bk, nk = std::min(bk, S - j0);
-        pack_panel_t<D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(),
+        pack_keys_t<F, I, D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(),
                         kt.data() + size_t(kb) * H * bk);
       }
       for (int j = 0; j < S; ++j) {
@@ -560,7 +559,7 @@ JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, float* dbias_par
 
   Buf kt(size_t(nkb) * H * bk), vt(size_t(nkb) * H * bk), kr(size_t(nkb) * bk * Hp),
       qs(size_t(kBQ) * Hp), dos(size_t(kBQ) * Hp), st(size_t(kBQ) * bk), dp(size_t(kBQ) * bk),
-      dqacc(size_t(kBQ) * Hp), row(Hp), lse2(kBQ), drow(kBQ),
+      dqacc(size_t(kBQ) * Hp), row(size_t(W) * Hp), lse2(kBQ), drow(kBQ),
       tb(p.softcap > 0.f ? size_t(kBQ) * bk : 0),
       dba(p.dbias ? size_t(Tb > 1 ? kBQ : 1) * Sb : 0);
   int cached_b = -1, cached_kh = -1;
@@ -585,9 +584,9 @@ JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, float* dbias_par
           const int64_t vbase = b * p.v_batch_stride + kh * p.v_head_stride;
           for (int kb = 0; kb < nkb; ++kb) {
             const int j0 = kb * bk, nk = std::min(bk, S - j0);
-            pack_panel_t<D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(),
+            pack_keys_t<F, I, D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(),
                             kt.data() + size_t(kb) * H * bk);
-            pack_panel_t<D>(p.v, vbase, p.v_row_stride, j0, nk, H, bk, row.data(),
+            pack_keys_t<F, I, D>(p.v, vbase, p.v_row_stride, j0, nk, H, bk, row.data(),
                             vt.data() + size_t(kb) * H * bk);
           }
           for (int j = 0; j < S; ++j) {
@@ -684,7 +683,7 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
 
   Buf kt(size_t(H) * bk), vt(size_t(H) * bk), qs(size_t(kBQ) * Hp), dos(size_t(kBQ) * Hp),
       st(size_t(kBQ) * bk), dp(size_t(kBQ) * bk), dkacc(size_t(bk) * Hp),
-      dvacc(size_t(bk) * Hp), row(Hp), lse2(kBQ), tb(p.softcap > 0.f ? size_t(kBQ) * bk : 0);
+      dvacc(size_t(bk) * Hp), row(size_t(W) * Hp), lse2(kBQ), tb(p.softcap > 0.f ? size_t(kBQ) * bk : 0);
 
   for (int64_t t; (t = tc.next()) >= 0;) {
     int kb = int(t % nkb);
@@ -699,8 +698,8 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
       std::memset(kt.data(), 0, sizeof(float) * H * bk);
       std::memset(vt.data(), 0, sizeof(float) * H * bk);
     }
-    pack_panel_t<D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(), kt.data());
-    pack_panel_t<D>(p.v, vbase, p.v_row_stride, j0, nk, H, bk, row.data(), vt.data());
+    pack_keys_t<F, I, D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(), kt.data());
+    pack_keys_t<F, I, D>(p.v, vbase, p.v_row_stride, j0, nk, H, bk, row.data(), vt.data());
     std::memset(dkacc.data(), 0, sizeof(float) * bk * Hp);
     std::memset(dvacc.data(), 0, sizeof(float) * bk * Hp);
 
@@ -772,31 +771,9 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
     }                                                                                    \
   }
 
-#define JAXATTN_TARGET_AVX512 \
-  __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c,bmi,bmi2")))
-#define JAXATTN_TARGET_AVX2 __attribute__((target("avx2,fma,f16c,bmi,bmi2")))
-#define JAXATTN_TARGET_SSE2
-
 JAXATTN_DEFINE_WORKERS(IsaAvx512, JAXATTN_TARGET_AVX512)
 JAXATTN_DEFINE_WORKERS(IsaAvx2, JAXATTN_TARGET_AVX2)
 JAXATTN_DEFINE_WORKERS(IsaSse2, JAXATTN_TARGET_SSE2)
-
-enum class Isa { kSse2, kAvx2, kAvx512 };
-
-Isa detect_isa() {
-  if (const char* env = std::getenv("JAXATTN_CPU_ISA")) {
-    if (std::strcmp(env, "sse2") == 0) return Isa::kSse2;
-    if (std::strcmp(env, "avx2") == 0) return Isa::kAvx2;
-    if (std::strcmp(env, "avx512") == 0) return Isa::kAvx512;
-  }
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")) {
-    return Isa::kAvx512;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
-  return Isa::kSse2;
-}
 
 // Workers for ntasks tasks of about flops_per_task each: a single thread for
 // small problems (thread start-up costs tens of microseconds).
@@ -816,19 +793,19 @@ void flash_fwd(const AttnParams& p) {
   const int64_t ntasks = int64_t(p.batch) * p.num_heads * ceil_div(p.seqlen_q, kBQ);
   TaskCounter tc(ntasks);
   const double flops = 4.0 * kBQ * std::max(p.seqlen_k, 1) * p.head_dim;
-  const Isa isa = detect_isa();
+  const CpuIsa isa = detect_cpu_isa();
   run_parallel(workers_for(ntasks, flops), [&](int) {
     switch (isa) {
-      case Isa::kAvx512: return fwd_IsaAvx512(p, tc);
-      case Isa::kAvx2: return fwd_IsaAvx2(p, tc);
-      case Isa::kSse2: return fwd_IsaSse2(p, tc);
+      case CpuIsa::kAvx512: return fwd_IsaAvx512(p, tc);
+      case CpuIsa::kAvx2: return fwd_IsaAvx2(p, tc);
+      case CpuIsa::kSse2: return fwd_IsaSse2(p, tc);
     }
   });
 }
 
 void flash_bwd(const AttnParams& p) {
   if (empty_problem(p)) return;
-  const Isa isa = detect_isa();
+  const CpuIsa isa = detect_cpu_isa();
   const int T = p.seqlen_q, S = p.seqlen_k;
   std::vector<float> dsum_own;
   float* dsum = p.dpsum;
@@ -850,9 +827,9 @@ void flash_bwd(const AttnParams& p) {
         6.0 * kBQ * std::max(S, 1) * p.head_dim * grp.b_count * grp.n_count;
     run_parallel(workers_for(ntasks, flops), [&](int) {
       switch (isa) {
-        case Isa::kAvx512: return bwd_dq_IsaAvx512(p, dsum, part.data(), tc);
-        case Isa::kAvx2: return bwd_dq_IsaAvx2(p, dsum, part.data(), tc);
-        case Isa::kSse2: return bwd_dq_IsaSse2(p, dsum, part.data(), tc);
+        case CpuIsa::kAvx512: return bwd_dq_IsaAvx512(p, dsum, part.data(), tc);
+        case CpuIsa::kAvx2: return bwd_dq_IsaAvx2(p, dsum, part.data(), tc);
+        case CpuIsa::kSse2: return bwd_dq_IsaSse2(p, dsum, part.data(), tc);
       }
     });
     if (!part.empty()) {
@@ -872,9 +849,9 @@ void flash_bwd(const AttnParams& p) {
     const double flops = 8.0 * kBK2 * std::max(T, 1) * p.head_dim * p.group_size();
     run_parallel(workers_for(ntasks, flops), [&](int) {
       switch (isa) {
-        case Isa::kAvx512: return bwd_dkdv_IsaAvx512(p, dsum, tc);
-        case Isa::kAvx2: return bwd_dkdv_IsaAvx2(p, dsum, tc);
-        case Isa::kSse2: return bwd_dkdv_IsaSse2(p, dsum, tc);
+        case CpuIsa::kAvx512: return bwd_dkdv_IsaAvx512(p, dsum, tc);
+        case CpuIsa::kAvx2: return bwd_dkdv_IsaAvx2(p, dsum, tc);
+        case CpuIsa::kSse2: return bwd_dkdv_IsaSse2(p, dsum, tc);
       }
     });
   }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <utility>
 
 #include "common/params.h"
 #include "cpu/fast_exp.h"
@@ -134,6 +135,63 @@ JAXATTN_AI void store_row(const float* __restrict src, int n, float mul, void* b
   } else {
     uint16_t* __restrict d = static_cast<uint16_t*>(base) + off;
     for (int h = 0; h < n; ++h) d[h] = f32_to_f16(src[h] * mul);
+  }
+}
+
+// ---- transposed panels -------------------------------------------------------------
+
+// One butterfly stage of a W x W transpose held in W vectors (vector i = row
+// i, lane k = column k): for rows i with bit D clear, swaps element (i, k)
+// with (i + D, k - D) where bit D of k is set. The W / D stages together
+// transpose the block; each is W two-source shuffles on constant masks.
+template <int W, int D>
+constexpr int transpose_mask(int k, bool upper) {
+  return (k & D) ? (upper ? W + k : W + k - D) : (upper ? k + D : k);
+}
+
+template <class F, class I, int D, int... K>
+JAXATTN_AI void transpose_stage(F* v, std::integer_sequence<int, K...>) {
+  constexpr int W = sizeof...(K);
+  constexpr I lo = {transpose_mask<W, D>(K, false)...};
+  constexpr I hi = {transpose_mask<W, D>(K, true)...};
+#pragma GCC unroll 16
+  for (int i = 0; i < W; ++i) {
+    if (i & D) continue;
+    const F a = v[i], b = v[i + D];
+    v[i] = __builtin_shuffle(a, b, lo);
+    v[i + D] = __builtin_shuffle(a, b, hi);
+  }
+}
+
+template <class F, class I, int D = sizeof(F) / 8>
+JAXATTN_AI void transpose_block(F* v) {
+  transpose_stage<F, I, D>(v, std::make_integer_sequence<int, int(sizeof(F) / 4)>{});
+  if constexpr (D > 1) transpose_block<F, I, D / 2>(v);
+}
+
+// Converts nk key rows of one head into a transposed panel dst[h * ld + jj]
+// (h < H, jj < nk; keys contiguous, as S = Q K^T reads them), row jj read at
+// element offset row_off(jj) of base. Columns nk .. round_up(nk, W) - 1 are
+// written as 0, later ones are left as they are (ld >= round_up(nk, W)).
+// rows: scratch of W * Hp floats (Hp = round_up(H, W)) whose columns H .. Hp-1
+// are 0. Blocks of W keys x W head dims go through registers (transpose_block).
+template <class F, class I, DType D, class RowOff>
+JAXATTN_AI void pack_panel_t(const void* base, RowOff row_off, int nk, int H, float* __restrict rows,
+                             float* __restrict dst, int64_t ld) {
+  constexpr int W = sizeof(F) / 4;
+  const int Hp = round_up(H, W);
+  for (int j0 = 0; j0 < nk; j0 += W) {
+    const int n = nk - j0 < W ? nk - j0 : W;
+    for (int k = 0; k < n; ++k) load_row<D>(base, row_off(j0 + k), H, 1.f, rows + k * Hp);
+    for (int k = n; k < W; ++k) std::memset(rows + k * Hp, 0, sizeof(float) * H);
+    for (int h0 = 0; h0 < H; h0 += W) {
+      F v[W];
+#pragma GCC unroll 16
+      for (int k = 0; k < W; ++k) v[k] = vload<F>(rows + k * Hp + h0);
+      transpose_block<F, I>(v);
+      const int nh = H - h0 < W ? H - h0 : W;
+      for (int k = 0; k < nh; ++k) vstore<F>(dst + (h0 + k) * ld + j0, v[k]);
+    }
   }
 }
 

@@ -1,9 +1,6 @@
 // Run-time choice of the CPU kernels' instruction set: workers are compiled
 // once per target (GCC target attributes) and one is picked per call.
 // JAXATTN_CPU_ISA=sse2|avx2|avx512 forces one (for testing).
-//
-// (flash_cpu.cc has its own copy of this choice in an anonymous namespace;
-// it can switch to this header.)
 #pragma once
 
 #include <cstdlib>
