@@ -2,10 +2,13 @@
 // a contiguous or paged KV cache.
 //
 // Design
-//  * Split-KV: one task per (row b, KV head, chunk of keys). A task computes
-//    the attention of all G * Tq query rows that share the KV head (GQA
-//    packing: every cached key/value byte is read once per chunk) over its
-//    chunk, with an online softmax in f32 (log2 units, Q pre-multiplied by
+//  * Split-KV: one task per (row b, chunk of keys). For each KV head a task
+//    computes the attention of all G * Tq query rows that share the head
+//    (GQA packing: every cached key/value byte is read once per chunk) over
+//    its chunk, tile by tile with the heads in turn inside a tile (so the
+//    tile's cache bytes are read in order: one head's rows alone lie K * H
+//    elements apart, a stride that streams at half the read bandwidth of
+//    this 2-core machine), with an online softmax in f32 (log2 units, Q pre-multiplied by
 //    scale * log2(e)). With more than one chunk per row the tasks leave
 //    partial outputs and their logsumexp, merged by a logsumexp-weighted sum
 //    (combine()); the chunk count is chosen so that every thread has work
@@ -99,7 +102,7 @@ Plan make_plan(const AttnParams& p, int threads) {
   int64_t span = p.seqlen_k;
   if (p.window_left >= 0) span = std::min<int64_t>(span, int64_t(p.seqlen_q) + p.window_left);
   span = std::max<int64_t>(span, 1);
-  const int64_t items = int64_t(p.batch) * p.num_heads_k;
+  const int64_t items = p.batch;  // a task runs every KV head of its row
   int64_t splits = (2 * int64_t(threads) + items - 1) / items;  // two tasks per thread
   splits = std::clamp<int64_t>(splits, 1, (span + kMinChunk - 1) / kMinChunk);
   Plan plan;
@@ -129,81 +132,118 @@ JAXATTN_AI void decode_worker(const AttnParams& p, const Plan& plan, const Sink&
   const int wl = p.window_left;
   const float qmul = p.scale * kLog2e;
 
-  Buf qs(size_t(rows) * Hp), kt(size_t(H) * kTile), vr(size_t(kTile) * Hp), st(size_t(rows) * kTile),
-      oacc(size_t(rows) * Hp), pack(size_t(W) * Hp), mrow(rows), lrow(rows), alpha(rows);
+  // Per KV head kh: its query rows (qs), output accumulator (oacc) and
+  // softmax state (m, l) at [kh * rows ...]. Per tile: one head's panels.
+  Buf qs(size_t(K) * rows * Hp), oacc(size_t(K) * rows * Hp), mrow(size_t(K) * rows), lrow(size_t(K) * rows),
+      kt(size_t(K) * H * kTile), vr(size_t(K) * kTile * Hp), st(size_t(rows) * kTile), pack(size_t(K) * W * Hp),
+      alpha(rows);
   int64_t koff[kTile], voff[kTile];
 
   for (int64_t t; (t = tc.next()) >= 0;) {
-    const int s = int(t % plan.splits);
-    const int kh = int((t / plan.splits) % K), b = int(t / plan.splits / K);
+    const int s = int(t % plan.splits), b = int(t / plan.splits);
     const RowKeys rk = row_keys(p, b);
     const int j_begin = rk.lo + s * plan.chunk;
     const int j_end = std::min(rk.len, j_begin + plan.chunk);
 
-    // Query rows r = i * G + g: query i of head kh * G + g.
-    for (int i = 0; i < T; ++i) {
-      for (int g = 0; g < G; ++g) {
-        const int r = i * G + g;
-        load_row<D>(p.q, b * p.q_batch_stride + i * p.q_row_stride + (kh * G + g) * p.q_head_stride, H, qmul,
-                    qs.data() + size_t(r) * Hp);
-        mrow[r] = -kInf;
-        lrow[r] = 0.f;
+    // Query rows kh * rows + r, r = i * G + g: query i of head kh * G + g.
+    for (int kh = 0; kh < K; ++kh) {
+      for (int i = 0; i < T; ++i) {
+        for (int g = 0; g < G; ++g) {
+          const int r = kh * rows + i * G + g;
+          load_row<D>(p.q, b * p.q_batch_stride + i * p.q_row_stride + (kh * G + g) * p.q_head_stride, H, qmul,
+                      qs.data() + size_t(r) * Hp);
+          mrow[r] = -kInf;
+          lrow[r] = 0.f;
+        }
       }
     }
-    std::memset(oacc.data(), 0, sizeof(float) * rows * Hp);
+    std::memset(oacc.data(), 0, sizeof(float) * K * rows * Hp);
 
     for (int j0 = j_begin; j0 < j_end; j0 += kTile) {
       const int nk = std::min(kTile, j_end - j0);
-      key_offsets(p, b, kh, j0, nk, koff, voff);
-      pack_panel_t<F, I, D>(p.k, [&](int jj) { return koff[jj]; }, nk, H, pack.data(), kt.data(), kTile);
-      for (int jj = 0; jj < nk; ++jj) load_row<D>(p.v, voff[jj], H, 1.f, vr.data() + size_t(jj) * Hp);
-      // S = Q K^T (log2 units); columns >= nk are masked below.
-      gemm<F, R, CV, Acc::kSet>(rows, kTile, H, qs.data(), Hp, 1, kt.data(), kTile, st.data(), kTile);
+      key_offsets(p, b, 0, j0, nk, koff, voff);
       // Every key of the tile visible to every query?
       const bool full = j0 + nk - 1 <= rk.len - T && (wl < 0 || j0 >= rk.len - 1 - wl);
-      for (int r = 0; r < rows; ++r) {
-        float* sr = st.data() + size_t(r) * kTile;
-        if (p.softcap > 0.f) softcap_logits(p.softcap, nk, sr);
-        if (!full) {
-          const int pos = rk.len - T + r / G;
-          for (int jj = 0; jj < nk; ++jj) {
-            const int j = j0 + jj;
-            if (j > pos || (wl >= 0 && j < pos - wl)) sr[jj] = -kInf;
+      // Every head's panels, gathered key by key: a key's heads lie side by
+      // side, so the tile's bytes are read in order (one head's rows alone
+      // lie K * H elements apart, a stride that streams at half the read
+      // bandwidth of the 2-core development machine).
+      for (int j = 0; j < nk; j += W) {
+        const int n = std::min(W, nk - j);
+        for (int k = 0; k < W; ++k) {
+          for (int kh = 0; kh < K; ++kh) {
+            float* row = pack.data() + size_t(kh * W + k) * Hp;
+            if (k < n) {
+              load_row<D>(p.k, koff[j + k] + kh * p.k_head_stride, H, 1.f, row);
+            } else {
+              std::memset(row, 0, sizeof(float) * H);
+            }
           }
         }
-        for (int jj = nk; jj < kTile; ++jj) sr[jj] = -kInf;
-        F mv = vset1<F>(-kInf);
-        for (int j = 0; j < kTile; j += W) mv = vmax(mv, vload<F>(sr + j));
-        const float mnew = std::max(mrow[r], hmax(mv));
-        const float muse = mnew == -kInf ? 0.f : mnew;
-        alpha[r] = std::exp2(mrow[r] - muse);
-        F sum = F{};
-        for (int j = 0; j < kTile; j += W) {
-          const F e = vexp2<F, I>(vload<F>(sr + j) - muse);
-          vstore(sr + j, e);
-          sum += e;
+        for (int kh = 0; kh < K; ++kh) {
+          store_transposed<F, I>(pack.data() + size_t(kh) * W * Hp, H, kt.data() + size_t(kh) * H * kTile + j, kTile);
         }
-        lrow[r] = lrow[r] * alpha[r] + hsum(sum);
-        mrow[r] = mnew;
       }
-      // O = O * alpha + P V
-      gemm<F, R, CV, Acc::kScaleAdd>(rows, Hp, nk, st.data(), kTile, 1, vr.data(), Hp, oacc.data(), Hp,
-                                     alpha.data());
+      for (int jj = 0; jj < nk; ++jj) {
+        for (int kh = 0; kh < K; ++kh) {
+          load_row<D>(p.v, voff[jj] + kh * p.v_head_stride, H, 1.f, vr.data() + (size_t(kh) * kTile + jj) * Hp);
+        }
+      }
+      for (int kh = 0; kh < K; ++kh) {
+        float* const q = qs.data() + size_t(kh) * rows * Hp;
+        float* const o = oacc.data() + size_t(kh) * rows * Hp;
+        float* const m = mrow.data() + size_t(kh) * rows;
+        float* const l = lrow.data() + size_t(kh) * rows;
+        const float* const khp = kt.data() + size_t(kh) * H * kTile;
+        const float* const vhp = vr.data() + size_t(kh) * kTile * Hp;
+        // S = Q K^T (log2 units); columns >= nk are masked below.
+        gemm<F, R, CV, Acc::kSet>(rows, kTile, H, q, Hp, 1, khp, kTile, st.data(), kTile);
+        for (int r = 0; r < rows; ++r) {
+          float* sr = st.data() + size_t(r) * kTile;
+          if (p.softcap > 0.f) softcap_logits(p.softcap, nk, sr);
+          if (!full) {
+            const int pos = rk.len - T + r / G;
+            for (int jj = 0; jj < nk; ++jj) {
+              const int j = j0 + jj;
+              if (j > pos || (wl >= 0 && j < pos - wl)) sr[jj] = -kInf;
+            }
+          }
+          for (int jj = nk; jj < kTile; ++jj) sr[jj] = -kInf;
+          F mv = vset1<F>(-kInf);
+          for (int j = 0; j < kTile; j += W) mv = vmax(mv, vload<F>(sr + j));
+          const float mnew = std::max(m[r], hmax(mv));
+          const float muse = mnew == -kInf ? 0.f : mnew;
+          alpha[r] = std::exp2(m[r] - muse);
+          F sum = F{};
+          for (int j = 0; j < kTile; j += W) {
+            const F e = vexp2<F, I>(vload<F>(sr + j) - muse);
+            vstore(sr + j, e);
+            sum += e;
+          }
+          l[r] = l[r] * alpha[r] + hsum(sum);
+          m[r] = mnew;
+        }
+        // O = O * alpha + P V
+        gemm<F, R, CV, Acc::kScaleAdd>(rows, Hp, nk, st.data(), kTile, 1, vhp, Hp, o, Hp, alpha.data());
+      }
     }
 
-    for (int r = 0; r < rows; ++r) {
-      const float l = lrow[r];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const float lse2 = l > 0.f ? mrow[r] + std::log2(l) : -kInf;
-      const int i = r / G, n = kh * G + r % G;
-      if (sink.split_o == nullptr) {
-        store_row<D>(oacc.data() + size_t(r) * Hp, H, inv,
-                     p.o, b * p.o_batch_stride + i * p.o_row_stride + n * p.o_head_stride);
-        p.lse[(int64_t(b) * T + i) * N + n] = lse2 * kLn2;
-      } else {
-        const int64_t slot = ((int64_t(b) * K + kh) * plan.splits + s) * rows + r;
-        store_row<DType::kF32>(oacc.data() + size_t(r) * Hp, H, inv, sink.split_o, slot * H);
-        sink.split_lse[slot] = lse2;
+    for (int kh = 0; kh < K; ++kh) {
+      for (int r = 0; r < rows; ++r) {
+        const int kr = kh * rows + r;
+        const float l = lrow[kr];
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float lse2 = l > 0.f ? mrow[kr] + std::log2(l) : -kInf;
+        const int i = r / G, n = kh * G + r % G;
+        if (sink.split_o == nullptr) {
+          store_row<D>(oacc.data() + size_t(kr) * Hp, H, inv,
+                       p.o, b * p.o_batch_stride + i * p.o_row_stride + n * p.o_head_stride);
+          p.lse[(int64_t(b) * T + i) * N + n] = lse2 * kLn2;
+        } else {
+          const int64_t slot = ((int64_t(b) * K + kh) * plan.splits + s) * rows + r;
+          store_row<DType::kF32>(oacc.data() + size_t(kr) * Hp, H, inv, sink.split_o, slot * H);
+          sink.split_lse[slot] = lse2;
+        }
       }
     }
   }
@@ -257,17 +297,17 @@ void decode_fwd(const AttnParams& p) {
   const int threads = num_threads();
   const Plan plan = make_plan(p, threads);
   const int rows = p.seqlen_q * p.group_size();
-  const int64_t items = int64_t(p.batch) * p.num_heads_k;
+  const int64_t heads = int64_t(p.batch) * p.num_heads_k;
   std::vector<float> split_o, split_lse;
   Sink sink{nullptr, nullptr};
   if (plan.splits > 1) {
-    split_o.resize(size_t(items) * plan.splits * rows * p.head_dim);
-    split_lse.resize(size_t(items) * plan.splits * rows);
+    split_o.resize(size_t(heads) * plan.splits * rows * p.head_dim);
+    split_lse.resize(size_t(heads) * plan.splits * rows);
     sink = {split_o.data(), split_lse.data()};
   }
-  const int64_t ntasks = items * plan.splits;
+  const int64_t ntasks = int64_t(p.batch) * plan.splits;
   // A thread per ~1 MB of cache read (thread start-up costs tens of microseconds).
-  const double bytes = double(ntasks) * plan.chunk * p.head_dim * 2 * (p.dtype == DType::kF32 ? 4 : 2);
+  const double bytes = double(heads) * plan.splits * plan.chunk * p.head_dim * 2 * (p.dtype == DType::kF32 ? 4 : 2);
   const int workers = int(std::clamp<int64_t>(int64_t(bytes / 1e6) + 1, 1, std::min<int64_t>(threads, ntasks)));
   TaskCounter tc(ntasks);
   const CpuIsa isa = detect_cpu_isa();

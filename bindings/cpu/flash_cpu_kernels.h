@@ -169,12 +169,29 @@ JAXATTN_AI void transpose_block(F* v) {
   if constexpr (D > 1) transpose_block<F, I, D / 2>(v);
 }
 
+// dst[h * ld + k] = rows[k * Hp + h] for h < H, k < W: a block of W rows
+// (Hp = round_up(H, W) floats each, columns H .. Hp-1 finite) stored
+// transposed, W x W at a time through registers (transpose_block).
+template <class F, class I>
+JAXATTN_AI void store_transposed(const float* __restrict rows, int H, float* __restrict dst, int64_t ld) {
+  constexpr int W = sizeof(F) / 4;
+  const int Hp = round_up(H, W);
+  for (int h0 = 0; h0 < H; h0 += W) {
+    F v[W];
+#pragma GCC unroll 16
+    for (int k = 0; k < W; ++k) v[k] = vload<F>(rows + k * Hp + h0);
+    transpose_block<F, I>(v);
+    const int nh = H - h0 < W ? H - h0 : W;
+    for (int k = 0; k < nh; ++k) vstore<F>(dst + (h0 + k) * ld, v[k]);
+  }
+}
+
 // Converts nk key rows of one head into a transposed panel dst[h * ld + jj]
 // (h < H, jj < nk; keys contiguous, as S = Q K^T reads them), row jj read at
 // element offset row_off(jj) of base. Columns nk .. round_up(nk, W) - 1 are
 // written as 0, later ones are left as they are (ld >= round_up(nk, W)).
 // rows: scratch of W * Hp floats (Hp = round_up(H, W)) whose columns H .. Hp-1
-// are 0. Blocks of W keys x W head dims go through registers (transpose_block).
+// are 0.
 template <class F, class I, DType D, class RowOff>
 JAXATTN_AI void pack_panel_t(const void* base, RowOff row_off, int nk, int H, float* __restrict rows,
                              float* __restrict dst, int64_t ld) {
@@ -184,14 +201,7 @@ JAXATTN_AI void pack_panel_t(const void* base, RowOff row_off, int nk, int H, fl
     const int n = nk - j0 < W ? nk - j0 : W;
     for (int k = 0; k < n; ++k) load_row<D>(base, row_off(j0 + k), H, 1.f, rows + k * Hp);
     for (int k = n; k < W; ++k) std::memset(rows + k * Hp, 0, sizeof(float) * H);
-    for (int h0 = 0; h0 < H; h0 += W) {
-      F v[W];
-#pragma GCC unroll 16
-      for (int k = 0; k < W; ++k) v[k] = vload<F>(rows + k * Hp + h0);
-      transpose_block<F, I>(v);
-      const int nh = H - h0 < W ? H - h0 : W;
-      for (int k = 0; k < nh; ++k) vstore<F>(dst + (h0 + k) * ld + j0, v[k]);
-    }
+    store_transposed<F, I>(rows, H, dst + j0, ld);
   }
 }
 
