@@ -192,6 +192,14 @@ def test_split_kv(monkeypatch, chunk, layout):
     check("cpu", *case, jnp.bfloat16)
 
 
+@pytest.mark.parametrize("layout", [None, 16], ids=["contiguous", "page16"])
+@pytest.mark.parametrize("K,H", [(8, 256), (16, 256)], ids=["tile32", "tile16"])
+def test_cpu_wide_rows(layout, K, H):
+    """Rows of K * H > 1024 elements, which the CPU kernel walks in 32- or 16-key tiles."""
+    case = make_case(2, 4, 2 * K, K, H, 240, jnp.bfloat16, page_size=layout, seed=K, lengths=[240, 97])
+    check("cpu", *case, jnp.bfloat16, local_window_size=150)
+
+
 @pytest.mark.parametrize("impl", ["cpu", *CUDA])
 @pytest.mark.parametrize("layout", [None, 64], ids=["contiguous", "page64"])
 @pytest.mark.parametrize("T", [1, 4])

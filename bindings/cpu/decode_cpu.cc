@@ -13,10 +13,11 @@
 //    partial outputs and their logsumexp, merged by a logsumexp-weighted sum
 //    (combine()); the chunk count is chosen so that every thread has work
 //    even at batch 1.
-//  * Keys are gathered tile by tile (kTile keys): the tile's row offsets
-//    follow the pages without a division per key (a page id is read, and
-//    clamped to the cache, when the walk enters its page), the K rows are
-//    converted and transposed into a [H x kTile] panel through registers
+//  * Keys are gathered tile by tile (64 keys; 32 or 16 for wide rows, so
+//    that the panels stay in L2): the tile's row offsets follow the pages
+//    without a division per key (a page id is read, and clamped to the
+//    cache, when the walk enters its page), the K rows are
+//    converted and transposed into a [H x tile] panel through registers
 //    (pack_panel_t) and the V rows converted, then the products run on the
 //    register-blocked gemm of flash_cpu_kernels.h.
 //  * Visibility: query i of row b (position pos = len - Tq + i, len =
@@ -43,13 +44,17 @@ namespace {
 
 using namespace kern;
 
-constexpr int kTile = 64;           // keys per tile: a multiple of every lane count
+constexpr int kTile = 64;           // keys per tile at most: a multiple of every lane count
 constexpr int kMinChunk = 4 * kTile;  // keys per split-KV chunk, at least
+// Bytes of f32 K and V panels a tile may hold (every head), so they stay in a
+// core's L2; wide rows (K * H > 1024) take shorter tiles, 16 keys at least.
+constexpr int kPanelBytes = 512 << 10;
 
 // How the keys of a row are cut into chunks.
 struct Plan {
-  int splits = 1;  // chunks per (row, KV head)
+  int splits = 1;  // chunks per row
   int chunk = 0;   // keys per chunk, a multiple of kTile
+  int tile = kTile;  // keys per tile: 16, 32 or 64
 };
 
 // The keys any query of row b may see: [lo, len).
@@ -107,6 +112,8 @@ Plan make_plan(const AttnParams& p, int threads) {
   splits = std::clamp<int64_t>(splits, 1, (span + kMinChunk - 1) / kMinChunk);
   Plan plan;
   plan.chunk = round_up(int((span + splits - 1) / splits), kTile);
+  const int64_t fit = kPanelBytes / (8 * int64_t(p.num_heads_k) * p.head_dim);  // f32 K + V per key
+  plan.tile = fit >= 64 ? 64 : fit >= 32 ? 32 : 16;
   if (const int c = forced_chunk()) plan.chunk = c;
   plan.splits = int((span + plan.chunk - 1) / plan.chunk);
   return plan;
@@ -132,10 +139,11 @@ JAXATTN_AI void decode_worker(const AttnParams& p, const Plan& plan, const Sink&
   const int wl = p.window_left;
   const float qmul = p.scale * kLog2e;
 
+  const int tile = plan.tile;
   // Per KV head kh: its query rows (qs), output accumulator (oacc) and
-  // softmax state (m, l) at [kh * rows ...]. Per tile: one head's panels.
+  // softmax state (m, l) at [kh * rows ...]; per tile every head's panels.
   Buf qs(size_t(K) * rows * Hp), oacc(size_t(K) * rows * Hp), mrow(size_t(K) * rows), lrow(size_t(K) * rows),
-      kt(size_t(K) * H * kTile), vr(size_t(K) * kTile * Hp), st(size_t(rows) * kTile), pack(size_t(K) * W * Hp),
+      kt(size_t(K) * H * tile), vr(size_t(K) * tile * Hp), st(size_t(rows) * tile), pack(size_t(K) * W * Hp),
       alpha(rows);
   int64_t koff[kTile], voff[kTile];
 
@@ -159,8 +167,8 @@ JAXATTN_AI void decode_worker(const AttnParams& p, const Plan& plan, const Sink&
     }
     std::memset(oacc.data(), 0, sizeof(float) * K * rows * Hp);
 
-    for (int j0 = j_begin; j0 < j_end; j0 += kTile) {
-      const int nk = std::min(kTile, j_end - j0);
+    for (int j0 = j_begin; j0 < j_end; j0 += tile) {
+      const int nk = std::min(tile, j_end - j0);
       key_offsets(p, b, 0, j0, nk, koff, voff);
       // Every key of the tile visible to every query?
       const bool full = j0 + nk - 1 <= rk.len - T && (wl < 0 || j0 >= rk.len - 1 - wl);
@@ -181,12 +189,12 @@ JAXATTN_AI void decode_worker(const AttnParams& p, const Plan& plan, const Sink&
           }
         }
         for (int kh = 0; kh < K; ++kh) {
-          store_transposed<F, I>(pack.data() + size_t(kh) * W * Hp, H, kt.data() + size_t(kh) * H * kTile + j, kTile);
+          store_transposed<F, I>(pack.data() + size_t(kh) * W * Hp, H, kt.data() + size_t(kh) * H * tile + j, tile);
         }
       }
       for (int jj = 0; jj < nk; ++jj) {
         for (int kh = 0; kh < K; ++kh) {
-          load_row<D>(p.v, voff[jj] + kh * p.v_head_stride, H, 1.f, vr.data() + (size_t(kh) * kTile + jj) * Hp);
+          load_row<D>(p.v, voff[jj] + kh * p.v_head_stride, H, 1.f, vr.data() + (size_t(kh) * tile + jj) * Hp);
         }
       }
       for (int kh = 0; kh < K; ++kh) {
@@ -194,12 +202,12 @@ JAXATTN_AI void decode_worker(const AttnParams& p, const Plan& plan, const Sink&
         float* const o = oacc.data() + size_t(kh) * rows * Hp;
         float* const m = mrow.data() + size_t(kh) * rows;
         float* const l = lrow.data() + size_t(kh) * rows;
-        const float* const khp = kt.data() + size_t(kh) * H * kTile;
-        const float* const vhp = vr.data() + size_t(kh) * kTile * Hp;
+        const float* const khp = kt.data() + size_t(kh) * H * tile;
+        const float* const vhp = vr.data() + size_t(kh) * tile * Hp;
         // S = Q K^T (log2 units); columns >= nk are masked below.
-        gemm<F, R, CV, Acc::kSet>(rows, kTile, H, q, Hp, 1, khp, kTile, st.data(), kTile);
+        gemm<F, R, CV, Acc::kSet>(rows, tile, H, q, Hp, 1, khp, tile, st.data(), tile);
         for (int r = 0; r < rows; ++r) {
-          float* sr = st.data() + size_t(r) * kTile;
+          float* sr = st.data() + size_t(r) * tile;
           if (p.softcap > 0.f) softcap_logits(p.softcap, nk, sr);
           if (!full) {
             const int pos = rk.len - T + r / G;
@@ -208,14 +216,14 @@ JAXATTN_AI void decode_worker(const AttnParams& p, const Plan& plan, const Sink&
               if (j > pos || (wl >= 0 && j < pos - wl)) sr[jj] = -kInf;
             }
           }
-          for (int jj = nk; jj < kTile; ++jj) sr[jj] = -kInf;
+          for (int jj = nk; jj < tile; ++jj) sr[jj] = -kInf;
           F mv = vset1<F>(-kInf);
-          for (int j = 0; j < kTile; j += W) mv = vmax(mv, vload<F>(sr + j));
+          for (int j = 0; j < tile; j += W) mv = vmax(mv, vload<F>(sr + j));
           const float mnew = std::max(m[r], hmax(mv));
           const float muse = mnew == -kInf ? 0.f : mnew;
           alpha[r] = std::exp2(m[r] - muse);
           F sum = F{};
-          for (int j = 0; j < kTile; j += W) {
+          for (int j = 0; j < tile; j += W) {
             const F e = vexp2<F, I>(vload<F>(sr + j) - muse);
             vstore(sr + j, e);
             sum += e;
@@ -224,7 +232,7 @@ JAXATTN_AI void decode_worker(const AttnParams& p, const Plan& plan, const Sink&
           m[r] = mnew;
         }
         // O = O * alpha + P V
-        gemm<F, R, CV, Acc::kScaleAdd>(rows, Hp, nk, st.data(), kTile, 1, vhp, Hp, o, Hp, alpha.data());
+        gemm<F, R, CV, Acc::kScaleAdd>(rows, Hp, nk, st.data(), tile, 1, vhp, Hp, o, Hp, alpha.data());
       }
     }
 
