@@ -217,19 +217,7 @@ JAXATTN_AI void decode_worker(const AttnParams& p, const Plan& plan, const Sink&
             }
           }
           for (int jj = nk; jj < tile; ++jj) sr[jj] = -kInf;
-          F mv = vset1<F>(-kInf);
-          for (int j = 0; j < tile; j += W) mv = vmax(mv, vload<F>(sr + j));
-          const float mnew = std::max(m[r], hmax(mv));
-          const float muse = mnew == -kInf ? 0.f : mnew;
-          alpha[r] = std::exp2(m[r] - muse);
-          F sum = F{};
-          for (int j = 0; j < tile; j += W) {
-            const F e = vexp2<F, I>(vload<F>(sr + j) - muse);
-            vstore(sr + j, e);
-            sum += e;
-          }
-          l[r] = l[r] * alpha[r] + hsum(sum);
-          m[r] = mnew;
+          alpha[r] = online_softmax_row<F, I>(sr, tile, m[r], l[r]);
         }
         // O = O * alpha + P V
         gemm<F, R, CV, Acc::kScaleAdd>(rows, Hp, nk, st.data(), tile, 1, vhp, Hp, o, Hp, alpha.data());

@@ -416,7 +416,7 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
       for (int kb = 0; kb < nkb; ++kb) {
         const int j0 = kb * bk, nk = std::min(bk, S - j0);
         pack_keys_t<F, I, D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(),
-                        kt.data() + size_t(kb) * H * bk);
+                             kt.data() + size_t(kb) * H * bk);
       }
       for (int j = 0; j < S; ++j) {
         load_row<D>(p.v, vbase + j * p.v_row_stride, H, 1.f, vr.data() + size_t(j) * Hp);
@@ -452,19 +452,7 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
         if (p.softcap > 0.f) softcap_row(p.softcap, sp.cn, sp.cw, s, nullptr);
         bias_row(bias, bp, i0 + r, jc, sp.cn, s);
         if (kind == BlockKind::kPartial || sp.cn < sp.cw) mask_row(mask, kind, i0 + r, jc, sp.cn, sp.cw, s);
-        F mv = vset1<F>(-kInf);
-        for (int j = 0; j < sp.cw; j += W) mv = vmax(mv, vload<F>(s + j));
-        const float mnew = std::max(mrow[r], hmax(mv));
-        const float muse = mnew == -kInf ? 0.f : mnew;
-        alpha[r] = std::exp2(mrow[r] - muse);
-        F sum = F{};
-        for (int j = 0; j < sp.cw; j += W) {
-          const F e = vexp2<F, I>(vload<F>(s + j) - muse);
-          vstore(s + j, e);
-          sum += e;
-        }
-        lrow[r] = lrow[r] * alpha[r] + hsum(sum);
-        mrow[r] = mnew;
+        alpha[r] = online_softmax_row<F, I>(s, sp.cw, mrow[r], lrow[r]);
       }
       // O = O * alpha + P V
       gemm<F, R, CV, Acc::kScaleAdd>(nq, Hp, sp.cn, st.data() + sp.c0, bk, 1, vr.data() + size_t(jc) * Hp,
@@ -585,9 +573,9 @@ JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, float* dbias_par
           for (int kb = 0; kb < nkb; ++kb) {
             const int j0 = kb * bk, nk = std::min(bk, S - j0);
             pack_keys_t<F, I, D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(),
-                            kt.data() + size_t(kb) * H * bk);
+                                 kt.data() + size_t(kb) * H * bk);
             pack_keys_t<F, I, D>(p.v, vbase, p.v_row_stride, j0, nk, H, bk, row.data(),
-                            vt.data() + size_t(kb) * H * bk);
+                                 vt.data() + size_t(kb) * H * bk);
           }
           for (int j = 0; j < S; ++j) {
             load_row<D>(p.k, kbase + j * p.k_row_stride, H, 1.f, kr.data() + size_t(j) * Hp);

@@ -6,6 +6,7 @@
 // Internal only: include from flash_cpu.cc.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -136,6 +137,32 @@ JAXATTN_AI void store_row(const float* __restrict src, int n, float mul, void* b
     uint16_t* __restrict d = static_cast<uint16_t*>(base) + off;
     for (int h = 0; h < n; ++h) d[h] = f32_to_f16(src[h] * mul);
   }
+}
+
+// ---- online softmax ---------------------------------------------------------------
+
+// One key block of a row's online softmax: s[0 .. n) holds the row's logits in
+// log2 units (n a multiple of the lane count, masked entries -inf). Updates
+// the running max m and sum l, leaves the weights exp2(s - m) in s and
+// returns the factor exp2(m_old - m_new) that rescales the row's output.
+template <class F, class I>
+JAXATTN_AI float online_softmax_row(float* __restrict s, int n, float& m, float& l) {
+  constexpr int W = sizeof(F) / 4;
+  F mv = vset1<F>(-kInf);
+  for (int j = 0; j < n; j += W) mv = vmax(mv, vload<F>(s + j));
+  const float row_max = hmax(mv);
+  const float mnew = row_max > m ? row_max : m;
+  const float muse = mnew == -kInf ? 0.f : mnew;
+  const float alpha = std::exp2(m - muse);
+  F sum = F{};
+  for (int j = 0; j < n; j += W) {
+    const F e = vexp2<F, I>(vload<F>(s + j) - muse);
+    vstore(s + j, e);
+    sum += e;
+  }
+  l = l * alpha + hsum(sum);
+  m = mnew;
+  return alpha;
 }
 
 // ---- transposed panels -------------------------------------------------------------
