@@ -2,24 +2,23 @@
 // a contiguous or paged KV cache.
 //
 // Design
-//  * Split-KV: one task per (row b, chunk of keys). For each KV head a task
-//    computes the attention of all G * Tq query rows that share the head
-//    (GQA packing: every cached key/value byte is read once per chunk) over
-//    its chunk, tile by tile with the heads in turn inside a tile (so the
-//    tile's cache bytes are read in order: one head's rows alone lie K * H
-//    elements apart, a stride that streams at half the read bandwidth of
-//    this 2-core machine), with an online softmax in f32 (log2 units, Q pre-multiplied by
-//    scale * log2(e)). With more than one chunk per row the tasks leave
-//    partial outputs and their logsumexp, merged by a logsumexp-weighted sum
-//    (combine()); the chunk count is chosen so that every thread has work
-//    even at batch 1.
-//  * Keys are gathered tile by tile (64 keys; 32 or 16 for wide rows, so
-//    that the panels stay in L2): the tile's row offsets follow the pages
-//    without a division per key (a page id is read, and clamped to the
-//    cache, when the walk enters its page), the K rows are
-//    converted and transposed into a [H x tile] panel through registers
-//    (pack_panel_t) and the V rows converted, then the products run on the
-//    register-blocked gemm of flash_cpu_kernels.h.
+//  * Split-KV: one task per (row b, chunk of keys). For each KV head the task
+//    computes the attention of the G * Tq query rows that share it (GQA
+//    packing: every cached key/value byte is read once per chunk) with an
+//    online softmax in f32 (log2 units, Q pre-multiplied by scale * log2(e)).
+//    With more than one chunk per row the tasks leave partial outputs and
+//    their logsumexp, merged by a logsumexp-weighted sum (combine()); the
+//    chunk count is chosen so that every thread has work even at batch 1.
+//  * Tiles of 64 keys (32 or 16 when K * H > 1024, so that a tile's panels
+//    stay in L2): the row offsets follow the pages without a division per key
+//    (a page id is read, and clamped to the cache, when the walk enters its
+//    page); every head's K rows are converted key by key and transposed into
+//    [H x tile] panels through registers (store_transposed), the V rows
+//    converted likewise, then each head's products run on the
+//    register-blocked gemm of flash_cpu_kernels.h. Reading all heads of a key
+//    together reads the cache in order: one head's rows alone lie K * H
+//    elements apart, a stride that streams at half the read bandwidth (2-core
+//    development machine, docs/perf.md).
 //  * Visibility: query i of row b (position pos = len - Tq + i, len =
 //    kv_lengths[b] clamped to the capacity) sees keys max(0, pos - wl) <= j
 //    <= pos. Tiles entirely visible to every query skip the per-key test.
@@ -69,14 +68,14 @@ inline RowKeys row_keys(const AttnParams& p, int b) {
   return {int(std::min<int64_t>(lo, len)), len};
 }
 
-// Element offsets of keys j0 .. j0 + nk - 1 of row b, KV head kh, in the K
-// and V caches: a contiguous cache's rows, or a walk along the row's pages
-// (each page id clamped to the cache, so a bad id never reads out of bounds).
-inline void key_offsets(const AttnParams& p, int b, int kh, int j0, int nk, int64_t* koff, int64_t* voff) {
+// Element offsets of keys j0 .. j0 + nk - 1 of row b (KV head 0) in the K and
+// V caches: a contiguous cache's rows, or a walk along the row's pages (each
+// page id clamped to the cache, so a bad id never reads out of bounds).
+inline void key_offsets(const AttnParams& p, int b, int j0, int nk, int64_t* koff, int64_t* voff) {
   if (p.block_table == nullptr) {
     for (int jj = 0; jj < nk; ++jj) {
-      koff[jj] = b * p.k_batch_stride + int64_t(j0 + jj) * p.k_row_stride + kh * p.k_head_stride;
-      voff[jj] = b * p.v_batch_stride + int64_t(j0 + jj) * p.v_row_stride + kh * p.v_head_stride;
+      koff[jj] = b * p.k_batch_stride + int64_t(j0 + jj) * p.k_row_stride;
+      voff[jj] = b * p.v_batch_stride + int64_t(j0 + jj) * p.v_row_stride;
     }
     return;
   }
@@ -88,8 +87,8 @@ inline void key_offsets(const AttnParams& p, int b, int kh, int j0, int nk, int6
       in_page = 0;
       page = std::clamp<int32_t>(pages[++page_index], 0, p.num_pages - 1);
     }
-    koff[jj] = page * p.k_batch_stride + in_page * p.k_row_stride + kh * p.k_head_stride;
-    voff[jj] = page * p.v_batch_stride + in_page * p.v_row_stride + kh * p.v_head_stride;
+    koff[jj] = page * p.k_batch_stride + in_page * p.k_row_stride;
+    voff[jj] = page * p.v_batch_stride + in_page * p.v_row_stride;
   }
 }
 
@@ -169,13 +168,10 @@ JAXATTN_AI void decode_worker(const AttnParams& p, const Plan& plan, const Sink&
 
     for (int j0 = j_begin; j0 < j_end; j0 += tile) {
       const int nk = std::min(tile, j_end - j0);
-      key_offsets(p, b, 0, j0, nk, koff, voff);
+      key_offsets(p, b, j0, nk, koff, voff);
       // Every key of the tile visible to every query?
       const bool full = j0 + nk - 1 <= rk.len - T && (wl < 0 || j0 >= rk.len - 1 - wl);
-      // Every head's panels, gathered key by key: a key's heads lie side by
-      // side, so the tile's bytes are read in order (one head's rows alone
-      // lie K * H elements apart, a stride that streams at half the read
-      // bandwidth of the 2-core development machine).
+      // Every head's panels, gathered key by key (the cache in order).
       for (int j = 0; j < nk; j += W) {
         const int n = std::min(W, nk - j);
         for (int k = 0; k < W; ++k) {
