@@ -1,9 +1,9 @@
-// Building blocks of the CPU flash-attention kernels, written on GCC vector
-// extensions so that one source serves SSE2 (4 lanes), AVX2 (8) and AVX-512
-// (16): every function here is always_inline and instantiated only inside a
-// worker compiled with the matching target attribute (see flash_cpu.cc).
+// Building blocks of the CPU kernels (flash attention and decode), written on
+// GCC vector extensions so that one source serves SSE2 (4 lanes), AVX2 (8) and
+// AVX-512 (16): every function here is always_inline and instantiated only
+// inside a worker compiled with the matching target attribute (isa.h).
 //
-// Internal only: include from flash_cpu.cc.
+// Internal only: include from flash_cpu.cc and decode_cpu.cc.
 #pragma once
 
 #include <cmath>
