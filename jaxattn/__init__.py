@@ -6,7 +6,7 @@ import jax
 
 from . import dispatch as _dispatch
 from . import reference
-from ._extension import built_with_cuda
+from ._extension import built_with_cuda, export_safety_checks
 from ._validation import check_inputs as _check_inputs
 from . import ring
 from .attention import flash_attention
@@ -37,4 +37,4 @@ def kernel_for(query, key, value, bias=None, mask=None, *, is_causal=False, scal
 
 
 __all__ = ["flash_attention", "ring_attention", "ring", "decode_attention", "decode_kernel_for", "update_kv_cache",
-           "kernel_for", "built_with_cuda", "reference", "__version__"]
+           "kernel_for", "built_with_cuda", "export_safety_checks", "reference", "__version__"]

@@ -11,7 +11,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # Build requirements first, so the package builds without isolation (no second
 # download of jax into a throw-away build environment).
-.venv/bin/python -m pip install -q "jax>=0.6" "jaxlib>=0.6" numpy "nanobind>=2.0" "scikit-build-core>=0.10" pytest "flax>=0.12" optax
+.venv/bin/python -m pip install -q "jax>=0.6" "jaxlib>=0.6" numpy "nanobind>=2.0" "scikit-build-core>=0.10" pytest flatbuffers "flax>=0.12" optax
 start=$(date +%s)
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
   .venv/bin/python -m pip install -q --no-build-isolation --no-deps .

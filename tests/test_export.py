@@ -1,0 +1,94 @@
+"""jax.export of code that calls jaxattn, with jaxattn.export_safety_checks().
+
+Exports a forward, a gradient step and a decode step, calls the exported
+modules and compares them bit for bit with the jitted functions they came
+from; also lowers for CPU and CUDA at once when the CUDA kernels are built
+(no GPU needed to lower), and round-trips through serialize / deserialize
+where JAX's serializer (the optional flatbuffers package) is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+import jaxattn
+from jaxattn import _extension
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.standard_normal((2, 33, 4, 32)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((2, 40, 2, 32)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((2, 40, 2, 32)), jnp.float32)
+    return q, k, v
+
+
+def _forward(q, k, v):
+    return jaxattn.flash_attention(q, k, v, is_causal=True, local_window_size=(16, 0))
+
+
+_grad = jax.grad(lambda q, k, v: jnp.sum(_forward(q, k, v) ** 2), argnums=(0, 1, 2))
+
+
+def _decode(q, k_cache, v_cache, lengths, table):
+    return jaxattn.decode_attention(q, k_cache, v_cache, kv_lengths=lengths, block_table=table)
+
+
+def _decode_inputs():
+    rng = np.random.default_rng(1)
+    q = jnp.asarray(rng.standard_normal((2, 1, 8, 64)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((6, 16, 2, 64)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((6, 16, 2, 64)), jnp.float32)
+    table = jnp.asarray(rng.permutation(6).reshape(2, 3), jnp.int32)
+    return q, k, v, jnp.asarray([48, 17], jnp.int32), table
+
+
+CASES = {"forward": (_forward, _inputs), "grad": (_grad, _inputs), "decode": (_decode, _decode_inputs)}
+
+
+def _assert_same(got, want):
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_checks_name_every_target():
+    checks = jaxattn.export_safety_checks()
+    names = _extension.target_names()
+    assert len(checks) == len(names) >= 3
+    assert {"jaxattn_cpu_fwd", "jaxattn_cpu_bwd", "jaxattn_cpu_decode"} <= set(names)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_exported_call_matches_jit(case):
+    fn, make = CASES[case]
+    args = make()
+    exported = export.export(jax.jit(fn), disabled_checks=jaxattn.export_safety_checks())(*args)
+    _assert_same(exported.call(*args), jax.jit(fn)(*args))
+
+
+@pytest.mark.skipif(not jaxattn.built_with_cuda(), reason="needs jaxattn built with the CUDA kernels")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_exports_for_cpu_and_cuda_at_once(case):
+    fn, make = CASES[case]
+    args = make()
+    exported = export.export(jax.jit(fn), platforms=("cpu", "cuda"),
+                             disabled_checks=jaxattn.export_safety_checks())(*args)
+    assert exported.platforms == ("cpu", "cuda")
+    if jax.default_backend() == "cpu":
+        _assert_same(exported.call(*args), jax.jit(fn)(*args))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flatbuffers") is None,
+                    reason="jax.export serialization needs the optional flatbuffers package")
+def test_serialize_round_trip():
+    args = _inputs()
+    exported = export.export(jax.jit(_grad), disabled_checks=jaxattn.export_safety_checks())(*args)
+    restored = export.deserialize(exported.serialize())
+    _assert_same(restored.call(*args), jax.jit(_grad)(*args))
