@@ -1,8 +1,8 @@
 """jax.export of code that calls jaxattn, with jaxattn.export_safety_checks().
 
-Exports a forward, a gradient step and a decode step, calls the exported
-modules and compares them bit for bit with the jitted functions they came
-from; also lowers for CPU and CUDA at once when the CUDA kernels are built
+Exports a forward, a gradient step and a decode step (bf16, so that a GPU
+lowers them to the CUDA kernels), checks that the module names the kernel,
+calls it and compares bit for bit with the jitted function it came from; also lowers for CPU and CUDA at once when the CUDA kernels are built
 (no GPU needed to lower), and round-trips through serialize / deserialize
 where JAX's serializer (the optional flatbuffers package) is installed.
 """
@@ -23,9 +23,9 @@ from jaxattn import _extension
 
 def _inputs(seed=0):
     rng = np.random.default_rng(seed)
-    q = jnp.asarray(rng.standard_normal((2, 33, 4, 32)), jnp.float32)
-    k = jnp.asarray(rng.standard_normal((2, 40, 2, 32)), jnp.float32)
-    v = jnp.asarray(rng.standard_normal((2, 40, 2, 32)), jnp.float32)
+    q = jnp.asarray(rng.standard_normal((2, 33, 4, 32)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((2, 40, 2, 32)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((2, 40, 2, 32)), jnp.bfloat16)
     return q, k, v
 
 
@@ -42,14 +42,19 @@ def _decode(q, k_cache, v_cache, lengths, table):
 
 def _decode_inputs():
     rng = np.random.default_rng(1)
-    q = jnp.asarray(rng.standard_normal((2, 1, 8, 64)), jnp.float32)
-    k = jnp.asarray(rng.standard_normal((6, 16, 2, 64)), jnp.float32)
-    v = jnp.asarray(rng.standard_normal((6, 16, 2, 64)), jnp.float32)
+    q = jnp.asarray(rng.standard_normal((2, 1, 8, 64)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((6, 16, 2, 64)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((6, 16, 2, 64)), jnp.bfloat16)
     table = jnp.asarray(rng.permutation(6).reshape(2, 3), jnp.int32)
     return q, k, v, jnp.asarray([48, 17], jnp.int32), table
 
 
-CASES = {"forward": (_forward, _inputs), "grad": (_grad, _inputs), "decode": (_decode, _decode_inputs)}
+# bf16 inputs: the CUDA kernels' dtype (float32 would lower to the pure-JAX path on GPUs).
+CASES = {
+    "forward": (_forward, _inputs, "fwd"),
+    "grad": (_grad, _inputs, "bwd"),
+    "decode": (_decode, _decode_inputs, "decode"),
+}
 
 
 def _assert_same(got, want):
@@ -67,20 +72,24 @@ def test_checks_name_every_target():
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_exported_call_matches_jit(case):
-    fn, make = CASES[case]
+    fn, make, kernel = CASES[case]
     args = make()
     exported = export.export(jax.jit(fn), disabled_checks=jaxattn.export_safety_checks())(*args)
+    platform = "cpu" if jax.default_backend() == "cpu" else "cuda"
+    assert f"jaxattn_{platform}_{kernel}" in exported.mlir_module()
     _assert_same(exported.call(*args), jax.jit(fn)(*args))
 
 
 @pytest.mark.skipif(not jaxattn.built_with_cuda(), reason="needs jaxattn built with the CUDA kernels")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_exports_for_cpu_and_cuda_at_once(case):
-    fn, make = CASES[case]
+    fn, make, kernel = CASES[case]
     args = make()
     exported = export.export(jax.jit(fn), platforms=("cpu", "cuda"),
                              disabled_checks=jaxattn.export_safety_checks())(*args)
     assert exported.platforms == ("cpu", "cuda")
+    module = exported.mlir_module()
+    assert f"jaxattn_cpu_{kernel}" in module and f"jaxattn_cuda_{kernel}" in module
     if jax.default_backend() == "cpu":
         _assert_same(exported.call(*args), jax.jit(fn)(*args))
 
