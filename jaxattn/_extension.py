@@ -46,7 +46,10 @@ def export_safety_checks() -> list:
         exported = jax.export.export(jax.jit(step), disabled_checks=jaxattn.export_safety_checks())(*args)
 
     The FFI attributes and buffers of the kernels may change between jaxattn
-    versions: load what you serialize with the version that wrote it.
+    versions: load what you serialize with the version that wrote it. Sharded
+    steps export when written with ``jax.shard_map``; under ``jax.jit``
+    shardings jaxattn places its kernels with ``custom_partitioning``
+    callbacks, which ``jax.export`` refuses to serialize.
     """
     from jax import export
 
