@@ -2,9 +2,11 @@
 
 Exports a forward, a gradient step and a decode step (bf16, so that a GPU
 lowers them to the CUDA kernels), checks that the module names the kernel,
-calls it and compares bit for bit with the jitted function it came from; also lowers for CPU and CUDA at once when the CUDA kernels are built
-(no GPU needed to lower), and round-trips through serialize / deserialize
-where JAX's serializer (the optional flatbuffers package) is installed.
+calls it and compares bit for bit with the jitted function it came from.
+Also lowers for CPU and CUDA at once when the CUDA kernels are built (no GPU
+needed to lower), round-trips through serialize / deserialize where JAX's
+serializer (the optional flatbuffers package) is installed, and exports a
+sharded step on two CPU devices.
 """
 
 from __future__ import annotations
