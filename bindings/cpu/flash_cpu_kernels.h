@@ -169,8 +169,9 @@ JAXATTN_AI float online_softmax_row(float* __restrict s, int n, float& m, float&
 
 // One butterfly stage of a W x W transpose held in W vectors (vector i = row
 // i, lane k = column k): for rows i with bit D clear, swaps element (i, k)
-// with (i + D, k - D) where bit D of k is set. The W / D stages together
-// transpose the block; each is W two-source shuffles on constant masks.
+// with (i + D, k - D) where bit D of k is set. The log2(W) stages (D = W/2,
+// ..., 1) together transpose the block; each is W two-source shuffles on
+// constant masks.
 template <int W, int D>
 constexpr int transpose_mask(int k, bool upper) {
   return (k & D) ? (upper ? W + k : W + k - D) : (upper ? k + D : k);
