@@ -3,8 +3,8 @@
 The C++ kernels are compiled for AVX-512, AVX2+FMA and SSE2 and pick the best
 one at run time; JAXATTN_CPU_ISA forces one (read at each call, so it can be
 set per test). The other test files run the default path only: here the
-forward, the backward and the decode kernel run on each path against the
-float64 references, on shapes that leave partial vectors (odd head dims,
+forward, the backward (both its forms) and the decode kernel run on each path
+against the float64 references, on shapes that leave partial vectors (odd head dims,
 partial key tiles, pages smaller than a key tile).
 """
 
@@ -46,7 +46,9 @@ def test_forward(isa, dtype):
     forward.check_forward("cpu", 1, 5, 300, 8, 1, 128, dtype, is_causal=False)
 
 
-def test_backward(isa):
+@pytest.mark.parametrize("form", ["fused", "two_pass"])
+def test_backward(isa, form, monkeypatch):
+    monkeypatch.setenv("JAXATTN_CPU_BWD", form)  # (test_cpu_backward_forms.py)
     backward.check_backward("cpu", 2, 37, 83, 4, 2, 40, "float32", is_causal=True)
     backward.check_backward("cpu", 1, 65, 130, 4, 4, 128, "bfloat16", is_causal=False)
 

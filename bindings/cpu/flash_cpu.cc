@@ -12,11 +12,17 @@
 //  * Forward: one task per (batch, query head, block of BQ queries), online
 //    softmax over key blocks of BK. Memory per thread: K^T and V of one kv
 //    head (O(S * H)) plus O(BQ * (BK + H)) tiles.
-//  * Backward, deterministic, no atomics: pass 1, one task per (batch,
-//    query head, query block), recomputes P and dP and accumulates dq over
-//    the keys (it also writes D_i = dout_i . o_i); pass 2, one task per
+//  * Backward, deterministic, no atomics, in one of two forms with the same
+//    sums in the same order (so bit-identical; use_fused_bwd picks one):
+//    fused, one task per (batch, kv head) walks its query heads and query
+//    blocks, recomputes P and dS once per tile and accumulates dq in the
+//    query block's tile, dk and dv over every key in the task's buffers (5
+//    matrix products); two passes when a bias gradient is wanted or the
+//    (batch, kv head) pairs are too few for the threads: pass 1, one task per
+//    (batch, query head, query block), recomputes P and dP and accumulates dq
+//    over the keys (it also writes D_i = dout_i . o_i); pass 2, one task per
 //    (batch, kv head, key block), recomputes P and dP for every query of the
-//    group's heads and accumulates dk, dv.
+//    group's heads and accumulates dk, dv (7 products).
 //  * Logit soft cap (p.softcap > 0): logits become cap * tanh(logit / cap)
 //    before masking; the backward multiplies dS by 1 - tanh^2.
 //  * Visibility of key j to query i is Mask::visible (causal, window,
@@ -507,6 +513,75 @@ JAXATTN_AI void ds_row(int bk, const float* pr, float d, float* dp) {
   for (int j = 0; j < bk; j += W) vstore(dp + j, vload<F>(pr + j) * (vload<F>(dp + j) - d));
 }
 
+// Packs one kv head's keys and values for tasks that walk query blocks over
+// every key block of bk: K^T and V^T panels per block (kt, vt: H x bk each)
+// and K rows (kr: Hp floats each), as S = Q K^T, dP = dO V^T and dQ += dS K
+// read them. row: scratch of W * Hp floats.
+template <class F, class I, DType D>
+JAXATTN_AI void pack_head_kv(const AttnParams& p, int b, int kh, int bk, float* row, float* kt,
+                             float* vt, float* kr) {
+  const int S = p.seqlen_k, H = p.head_dim, Hp = round_up(H, int(sizeof(F) / 4));
+  const int64_t kbase = b * p.k_batch_stride + kh * p.k_head_stride;
+  const int64_t vbase = b * p.v_batch_stride + kh * p.v_head_stride;
+  for (int kb = 0; kb * bk < S; ++kb) {
+    const int j0 = kb * bk, nk = std::min(bk, S - j0);
+    pack_keys_t<F, I, D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row, kt + size_t(kb) * H * bk);
+    pack_keys_t<F, I, D>(p.v, vbase, p.v_row_stride, j0, nk, H, bk, row, vt + size_t(kb) * H * bk);
+  }
+  for (int j = 0; j < S; ++j) load_row<D>(p.k, kbase + j * p.k_row_stride, H, 1.f, kr + size_t(j) * Hp);
+}
+
+// D_i = dout_i . o_i for rows [i0, i0 + nq) of head n (dos: the tile's dout),
+// less the lse cotangent, which enters only here: dS = P * (dP - (D - dlse)).
+// row: scratch of H floats.
+template <DType D>
+JAXATTN_AI void d_rows(const AttnParams& p, int b, int n, int i0, int nq, int Hp, const float* dos,
+                       float* row, float* drow) {
+  const int H = p.head_dim, T = p.seqlen_q, N = p.num_heads;
+  const int64_t obase = b * p.o_batch_stride + n * p.o_head_stride;
+  for (int r = 0; r < nq; ++r) {
+    load_row<D>(p.o, obase + (i0 + r) * p.o_row_stride, H, 1.f, row);
+    const float* dor = dos + r * Hp;
+    float d = 0.f;
+    for (int h = 0; h < H; ++h) d += dor[h] * row[h];
+    if (p.dlse) d -= p.dlse[(int64_t(b) * T + i0 + r) * N + n];
+    drow[r] = d;
+  }
+}
+
+// One (query tile, key block) tile of the backward: queries [i0, i0 + nq),
+// computed keys [j0, j0 + cw) of which the first cn are real; tile rows are
+// ld floats apart.
+struct Tile {
+  int i0, nq, j0, cn, cw, ld;
+};
+
+// P (in st) and dS (in dp) of a tile, whose K^T / V^T panels start at ktp /
+// vtp (rows ld apart): S = Q K^T and dP = dO V^T, then per row the soft cap,
+// the bias, the mask, P = exp2(S - lse) and dS = P * (dP - D). on_ds(r, dS
+// row) sees dS of the biased logits (the bias gradient) before the soft
+// cap's factor 1 - tanh^2 (tb: the tanh scratch, used with a soft cap).
+template <class F, class I, int R, int CV, class OnDs>
+JAXATTN_AI void p_ds_tile(const AttnParams& p, const Mask& mask, BlockKind kind, const Dense<float>& bias,
+                          const float* bp, const Tile& t, const float* qs, const float* dos,
+                          const float* ktp, const float* vtp, const float* lse2, const float* drow,
+                          float* st, float* dp, float* tb, OnDs&& on_ds) {
+  const int H = p.head_dim, Hp = round_up(H, int(sizeof(F) / 4));
+  gemm<F, R, CV, Acc::kSet>(t.nq, t.cw, H, qs, Hp, 1, ktp, t.ld, st, t.ld);
+  gemm<F, R, CV, Acc::kSet>(t.nq, t.cw, H, dos, Hp, 1, vtp, t.ld, dp, t.ld);
+  for (int r = 0; r < t.nq; ++r) {
+    float* sr = st + r * t.ld;
+    float* dr = dp + r * t.ld;
+    float* tr = p.softcap > 0.f ? tb + r * t.ld : nullptr;
+    if (tr) softcap_row(p.softcap, t.cn, t.cw, sr, tr);
+    bias_row(bias, bp, t.i0 + r, t.j0, t.cn, sr);
+    p_row<F, I>(mask, kind, t.i0 + r, t.j0, t.cn, t.cw, lse2[r], sr);
+    ds_row<F>(t.cw, sr, drow[r], dr);
+    on_ds(r, dr);
+    if (tr) softcap_grad_row(t.cw, tr, dr);
+  }
+}
+
 // The dq pass's tasks: (group of batch entries, group of heads, query
 // block). Without a bias gradient every group is one (batch, head); with one,
 // a group is every (batch, head) that reads one bias slice, so one task owns
@@ -548,7 +623,7 @@ JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, float* dbias_par
   Buf kt(size_t(nkb) * H * bk), vt(size_t(nkb) * H * bk), kr(size_t(nkb) * bk * Hp),
       qs(size_t(kBQ) * Hp), dos(size_t(kBQ) * Hp), st(size_t(kBQ) * bk), dp(size_t(kBQ) * bk),
       dqacc(size_t(kBQ) * Hp), row(size_t(W) * Hp), lse2(kBQ), drow(kBQ),
-      tb(p.softcap > 0.f ? size_t(kBQ) * bk : 0),
+      tb(size_t(kBQ) * bk),
       dba(p.dbias ? size_t(Tb > 1 ? kBQ : 1) * Sb : 0);
   int cached_b = -1, cached_kh = -1;
 
@@ -568,34 +643,14 @@ JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, float* dbias_par
         const float* bp = bias.data ? bias.at(b, n) : nullptr;
         const int kh = n / G;
         if (b != cached_b || kh != cached_kh) {
-          const int64_t kbase = b * p.k_batch_stride + kh * p.k_head_stride;
-          const int64_t vbase = b * p.v_batch_stride + kh * p.v_head_stride;
-          for (int kb = 0; kb < nkb; ++kb) {
-            const int j0 = kb * bk, nk = std::min(bk, S - j0);
-            pack_keys_t<F, I, D>(p.k, kbase, p.k_row_stride, j0, nk, H, bk, row.data(),
-                                 kt.data() + size_t(kb) * H * bk);
-            pack_keys_t<F, I, D>(p.v, vbase, p.v_row_stride, j0, nk, H, bk, row.data(),
-                                 vt.data() + size_t(kb) * H * bk);
-          }
-          for (int j = 0; j < S; ++j) {
-            load_row<D>(p.k, kbase + j * p.k_row_stride, H, 1.f, kr.data() + size_t(j) * Hp);
-          }
+          pack_head_kv<F, I, D>(p, b, kh, bk, row.data(), kt.data(), vt.data(), kr.data());
           cached_b = b;
           cached_kh = kh;
         }
 
         load_bwd_tile<D>(p, b, n, i0, nq, Hp, qs.data(), dos.data(), lse2.data());
-        const int64_t obase = b * p.o_batch_stride + n * p.o_head_stride;
-        for (int r = 0; r < nq; ++r) {
-          load_row<D>(p.o, obase + (i0 + r) * p.o_row_stride, H, 1.f, row.data());
-          const float* dor = dos.data() + r * Hp;
-          float d = 0.f;
-          for (int h = 0; h < H; ++h) d += dor[h] * row[h];
-          // The lse cotangent enters only here: dS = P * (dP - (D - dlse)).
-          if (p.dlse) d -= p.dlse[(int64_t(b) * T + i0 + r) * N + n];
-          drow[r] = d;
-          dsum[(int64_t(b) * N + n) * T + i0 + r] = d;
-        }
+        d_rows<D>(p, b, n, i0, nq, Hp, dos.data(), row.data(), drow.data());
+        std::memcpy(dsum + (int64_t(b) * N + n) * T + i0, drow.data(), sizeof(float) * nq);
         std::memset(dqacc.data(), 0, sizeof(float) * nq * Hp);
 
         int klo, khi;
@@ -607,30 +662,22 @@ JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, float* dbias_par
           const Span sp = block_span<W>(mask, kind, i0, i0 + nq, j0, nk, bk);
           if (sp.cw == 0) continue;
           const int jc = j0 + sp.c0;  // first computed key
-          const float* ktp = kt.data() + size_t(kb) * H * bk + sp.c0;
-          const float* vtp = vt.data() + size_t(kb) * H * bk + sp.c0;
-          gemm<F, R, CV, Acc::kSet>(nq, sp.cw, H, qs.data(), Hp, 1, ktp, bk, st.data() + sp.c0, bk);
-          gemm<F, R, CV, Acc::kSet>(nq, sp.cw, H, dos.data(), Hp, 1, vtp, bk, dp.data() + sp.c0, bk);
-          for (int r = 0; r < nq; ++r) {
-            float* sr = st.data() + r * bk + sp.c0;
-            float* dr = dp.data() + r * bk + sp.c0;
-            float* tr = p.softcap > 0.f ? tb.data() + r * bk + sp.c0 : nullptr;
-            if (tr) softcap_row(p.softcap, sp.cn, sp.cw, sr, tr);
-            bias_row(bias, bp, i0 + r, jc, sp.cn, sr);
-            p_row<F, I>(mask, kind, i0 + r, jc, sp.cn, sp.cw, lse2[r], sr);
-            ds_row<F>(sp.cw, sr, drow[r], dr);
-            if (p.dbias) {  // dbias = dS of the biased logits, summed over broadcast dims
-              float* a = dba.data() + size_t(Tb > 1 ? r : 0) * Sb;
-              if (Sb > 1) {
-                for (int j = 0; j < sp.cn; ++j) a[jc + j] += dr[j];
-              } else {
-                float sum = 0.f;
-                for (int j = 0; j < sp.cn; ++j) sum += dr[j];
-                a[0] += sum;
-              }
+          const Tile tile{i0, nq, jc, sp.cn, sp.cw, bk};
+          p_ds_tile<F, I, R, CV>(p, mask, kind, bias, bp, tile, qs.data(), dos.data(),
+                                 kt.data() + size_t(kb) * H * bk + sp.c0,
+                                 vt.data() + size_t(kb) * H * bk + sp.c0, lse2.data(), drow.data(),
+                                 st.data() + sp.c0, dp.data() + sp.c0, tb.data() + sp.c0,
+                                 [&](int r, const float* dr) {
+            if (!p.dbias) return;  // dbias = dS of the biased logits, summed over broadcast dims
+            float* a = dba.data() + size_t(Tb > 1 ? r : 0) * Sb;
+            if (Sb > 1) {
+              for (int j = 0; j < sp.cn; ++j) a[jc + j] += dr[j];
+            } else {
+              float sum = 0.f;
+              for (int j = 0; j < sp.cn; ++j) sum += dr[j];
+              a[0] += sum;
             }
-            if (tr) softcap_grad_row(sp.cw, tr, dr);
-          }
+          });
           gemm<F, R, CV, Acc::kAdd>(nq, Hp, sp.cn, dp.data() + sp.c0, bk, 1, kr.data() + size_t(jc) * Hp, Hp,
                                     dqacc.data(), Hp);
         }
@@ -671,7 +718,7 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
 
   Buf kt(size_t(H) * bk), vt(size_t(H) * bk), qs(size_t(kBQ) * Hp), dos(size_t(kBQ) * Hp),
       st(size_t(kBQ) * bk), dp(size_t(kBQ) * bk), dkacc(size_t(bk) * Hp),
-      dvacc(size_t(bk) * Hp), row(size_t(W) * Hp), lse2(kBQ), tb(p.softcap > 0.f ? size_t(kBQ) * bk : 0);
+      dvacc(size_t(bk) * Hp), row(size_t(W) * Hp), lse2(kBQ), tb(size_t(kBQ) * bk);
 
   for (int64_t t; (t = tc.next()) >= 0;) {
     int kb = int(t % nkb);
@@ -708,21 +755,11 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
         const int nq = i1 - i0;
         load_bwd_tile<D>(p, b, n, i0, nq, Hp, qs.data(), dos.data(), lse2.data());
         const float* drow = dsum + (int64_t(b) * N + n) * T + i0;
-        gemm<F, R, CV, Acc::kSet>(nq, bk, H, qs.data(), Hp, 1, kt.data(), bk, st.data(), bk);
-        for (int r = 0; r < nq; ++r) {
-          if (p.softcap > 0.f) softcap_row(p.softcap, nk, bk, st.data() + r * bk, tb.data() + r * bk);
-          bias_row(bias, bp, i0 + r, j0, nk, st.data() + r * bk);
-          p_row<F, I>(mask, kind, i0 + r, j0, nk, bk, lse2[r], st.data() + r * bk);
-        }
-        // dV += P^T dout
-        gemm<F, R, CV, Acc::kAdd>(nk, Hp, nq, st.data(), 1, bk, dos.data(), Hp, dvacc.data(),
-                                  Hp);
-        gemm<F, R, CV, Acc::kSet>(nq, bk, H, dos.data(), Hp, 1, vt.data(), bk, dp.data(), bk);
-        for (int r = 0; r < nq; ++r) {
-          ds_row<F>(bk, st.data() + r * bk, drow[r], dp.data() + r * bk);
-          if (p.softcap > 0.f) softcap_grad_row(bk, tb.data() + r * bk, dp.data() + r * bk);
-        }
-        // dK += dS^T Q (Q in log2 units: rescaled at the end)
+        p_ds_tile<F, I, R, CV>(p, mask, kind, bias, bp, Tile{i0, nq, j0, nk, bk, bk}, qs.data(),
+                               dos.data(), kt.data(), vt.data(), lse2.data(), drow, st.data(),
+                               dp.data(), tb.data(), [](int, const float*) {});
+        // dV += P^T dout; dK += dS^T Q (Q in log2 units: rescaled at the end)
+        gemm<F, R, CV, Acc::kAdd>(nk, Hp, nq, st.data(), 1, bk, dos.data(), Hp, dvacc.data(), Hp);
         gemm<F, R, CV, Acc::kAdd>(nk, Hp, nq, dp.data(), 1, bk, qs.data(), Hp, dkacc.data(), Hp);
       }
     }
@@ -730,6 +767,82 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
     for (int jj = 0; jj < nk; ++jj) {
       store_row<D>(dkacc.data() + jj * Hp, H, kLn2, p.dk, kbase + (j0 + jj) * p.k_row_stride);
       store_row<D>(dvacc.data() + jj * Hp, H, 1.f, p.dv, vbase + (j0 + jj) * p.v_row_stride);
+    }
+  }
+}
+
+// The fused backward (no bias gradient): one task per (batch, kv head) walks
+// the group's query heads and their query blocks in order, and each tile's P
+// and dS feed all three products: dq into the query block's tile, dk and dv
+// into the task's accumulators over every key. 5 matrix products instead of
+// the two passes' 7, each output summed by one task in a fixed order.
+template <class Isa, DType D>
+JAXATTN_AI void bwd_fused_worker(const AttnParams& p, TaskCounter& tc) {
+  using F = typename Isa::F;
+  using I = typename Isa::I;
+  constexpr int W = sizeof(F) / 4, R = Isa::R, CV = Isa::CV;
+  const int T = p.seqlen_q, S = p.seqlen_k, K = p.num_heads_k, G = p.group_size();
+  const int H = p.head_dim, Hp = round_up(H, W);
+  const int bk = key_tile(S, W);  // the dq pass's tiles: the same sums in the same order
+  const int nqb = ceil_div(T, kBQ), nkb = ceil_div(S, bk);
+  Mask mask(p);
+  const Dense<float> bias = p.bias ? Dense<float>(p.bias, p.bias_dims, p.batch) : Dense<float>();
+
+  Buf kt(size_t(nkb) * H * bk), vt(size_t(nkb) * H * bk), kr(size_t(nkb) * bk * Hp),
+      dkacc(size_t(nkb) * bk * Hp), dvacc(size_t(nkb) * bk * Hp), qs(size_t(kBQ) * Hp),
+      dos(size_t(kBQ) * Hp), st(size_t(kBQ) * bk), dp(size_t(kBQ) * bk), dqacc(size_t(kBQ) * Hp),
+      row(size_t(W) * Hp), lse2(kBQ), drow(kBQ), tb(size_t(kBQ) * bk);
+
+  for (int64_t t; (t = tc.next()) >= 0;) {
+    const int kh = int(t % K), b = int(t / K);
+    mask.set_batch(b);
+    pack_head_kv<F, I, D>(p, b, kh, bk, row.data(), kt.data(), vt.data(), kr.data());
+    std::memset(dkacc.data(), 0, sizeof(float) * S * Hp);
+    std::memset(dvacc.data(), 0, sizeof(float) * S * Hp);
+
+    for (int g = 0; g < G; ++g) {
+      const int n = kh * G + g;
+      mask.set_head(n);
+      const float* bp = bias.data ? bias.at(b, n) : nullptr;
+      for (int qb = 0; qb < nqb; ++qb) {
+        const int i0 = qb * kBQ, nq = std::min(kBQ, T - i0);
+        load_bwd_tile<D>(p, b, n, i0, nq, Hp, qs.data(), dos.data(), lse2.data());
+        d_rows<D>(p, b, n, i0, nq, Hp, dos.data(), row.data(), drow.data());
+        std::memset(dqacc.data(), 0, sizeof(float) * nq * Hp);
+
+        int klo, khi;
+        mask.key_range(i0, i0 + nq, &klo, &khi);
+        for (int kb = klo / bk; kb * bk < khi; ++kb) {
+          const int j0 = kb * bk, nk = std::min(bk, S - j0);
+          const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
+          if (kind == BlockKind::kNone) continue;
+          const Span sp = block_span<W>(mask, kind, i0, i0 + nq, j0, nk, bk);
+          if (sp.cw == 0) continue;
+          const int jc = j0 + sp.c0;  // first computed key
+          float* sc = st.data() + sp.c0;
+          float* dc = dp.data() + sp.c0;
+          p_ds_tile<F, I, R, CV>(p, mask, kind, bias, bp, Tile{i0, nq, jc, sp.cn, sp.cw, bk}, qs.data(),
+                                 dos.data(), kt.data() + size_t(kb) * H * bk + sp.c0,
+                                 vt.data() + size_t(kb) * H * bk + sp.c0, lse2.data(), drow.data(), sc, dc,
+                                 tb.data() + sp.c0, [](int, const float*) {});
+          // dV += P^T dout, dK += dS^T Q (Q in log2 units: rescaled at the end), dQ += dS K
+          gemm<F, R, CV, Acc::kAdd>(sp.cn, Hp, nq, sc, 1, bk, dos.data(), Hp, dvacc.data() + size_t(jc) * Hp, Hp);
+          gemm<F, R, CV, Acc::kAdd>(sp.cn, Hp, nq, dc, 1, bk, qs.data(), Hp, dkacc.data() + size_t(jc) * Hp, Hp);
+          gemm<F, R, CV, Acc::kAdd>(nq, Hp, sp.cn, dc, bk, 1, kr.data() + size_t(jc) * Hp, Hp, dqacc.data(), Hp);
+        }
+
+        const int64_t qbase = b * p.q_batch_stride + n * p.q_head_stride;
+        for (int r = 0; r < nq; ++r) {
+          store_row<D>(dqacc.data() + r * Hp, H, p.scale, p.dq, qbase + (i0 + r) * p.q_row_stride);
+        }
+      }
+    }
+
+    const int64_t kbase = b * p.k_batch_stride + kh * p.k_head_stride;
+    const int64_t vbase = b * p.v_batch_stride + kh * p.v_head_stride;
+    for (int j = 0; j < S; ++j) {
+      store_row<D>(dkacc.data() + size_t(j) * Hp, H, kLn2, p.dk, kbase + j * p.k_row_stride);
+      store_row<D>(dvacc.data() + size_t(j) * Hp, H, 1.f, p.dv, vbase + j * p.v_row_stride);
     }
   }
 }
@@ -757,6 +870,13 @@ JAXATTN_AI void bwd_dkdv_worker(const AttnParams& p, const float* dsum, TaskCoun
       case DType::kBF16: return bwd_dkdv_worker<ISA, DType::kBF16>(p, dsum, tc);         \
       case DType::kF16: return bwd_dkdv_worker<ISA, DType::kF16>(p, dsum, tc);           \
     }                                                                                    \
+  }                                                                                    \
+  TARGET void bwd_fused_##ISA(const AttnParams& p, TaskCounter& tc) {                    \
+    switch (p.dtype) {                                                                   \
+      case DType::kF32: return bwd_fused_worker<ISA, DType::kF32>(p, tc);                \
+      case DType::kBF16: return bwd_fused_worker<ISA, DType::kBF16>(p, tc);              \
+      case DType::kF16: return bwd_fused_worker<ISA, DType::kF16>(p, tc);                \
+    }                                                                                    \
   }
 
 JAXATTN_DEFINE_WORKERS(IsaAvx512, JAXATTN_TARGET_AVX512)
@@ -772,6 +892,24 @@ int workers_for(int64_t ntasks, double flops_per_task) {
 
 bool empty_problem(const AttnParams& p) {
   return p.batch <= 0 || p.num_heads <= 0 || p.num_heads_k <= 0 || p.head_dim <= 0;
+}
+
+// The backward's form: fused (bwd_fused_worker) unless a bias gradient is
+// wanted (its sums need the dq pass's task groups) or the (batch, kv head)
+// tasks are too few to share evenly between the workers: the fused form does
+// 5/7 of the two passes' products, but in tasks that are whole heads.
+// JAXATTN_CPU_BWD=fused|two_pass forces one (for tests; read at each call);
+// a bias gradient always takes the two passes.
+bool use_fused_bwd(const AttnParams& p) {
+  if (p.dbias) return false;
+  if (const char* env = std::getenv("JAXATTN_CPU_BWD")) {
+    if (std::strcmp(env, "fused") == 0) return true;
+    if (std::strcmp(env, "two_pass") == 0) return false;
+  }
+  const int64_t tasks = int64_t(p.batch) * p.num_heads_k;
+  const int64_t threads = num_threads();
+  const int64_t rounds = (tasks + threads - 1) / threads;
+  return 4 * rounds * threads <= 5 * tasks;  // the last round's idle share at most 1/5
 }
 
 }  // namespace
@@ -795,6 +933,19 @@ void flash_bwd(const AttnParams& p) {
   if (empty_problem(p)) return;
   const CpuIsa isa = detect_cpu_isa();
   const int T = p.seqlen_q, S = p.seqlen_k;
+  if (T > 0 && S > 0 && use_fused_bwd(p)) {
+    const int64_t ntasks = int64_t(p.batch) * p.num_heads_k;
+    TaskCounter tc(ntasks);
+    const double flops = 10.0 * T * S * p.head_dim * p.group_size();
+    run_parallel(workers_for(ntasks, flops), [&](int) {
+      switch (isa) {
+        case CpuIsa::kAvx512: return bwd_fused_IsaAvx512(p, tc);
+        case CpuIsa::kAvx2: return bwd_fused_IsaAvx2(p, tc);
+        case CpuIsa::kSse2: return bwd_fused_IsaSse2(p, tc);
+      }
+    });
+    return;
+  }
   std::vector<float> dsum_own;
   float* dsum = p.dpsum;
   if (dsum == nullptr && T > 0) {
