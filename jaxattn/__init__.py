@@ -11,6 +11,7 @@ from ._validation import check_inputs as _check_inputs
 from . import ring
 from .attention import flash_attention
 from .decode import decode_attention, decode_kernel_for, update_kv_cache
+from .remat import CHECKPOINT_NAMES
 from .ring import ring_attention
 
 __version__ = "0.1.0"
@@ -37,4 +38,4 @@ def kernel_for(query, key, value, bias=None, mask=None, *, is_causal=False, scal
 
 
 __all__ = ["flash_attention", "ring_attention", "ring", "decode_attention", "decode_kernel_for", "update_kv_cache",
-           "kernel_for", "built_with_cuda", "export_safety_checks", "reference", "__version__"]
+           "kernel_for", "built_with_cuda", "export_safety_checks", "reference", "CHECKPOINT_NAMES", "__version__"]

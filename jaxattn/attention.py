@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
-from . import _ffi_calls, dispatch, reference, sharding
+from . import _ffi_calls, dispatch, reference, remat, sharding
 from ._validation import check_inputs
 
 
@@ -145,7 +145,9 @@ def _flash_fwd(q, k, v, extras, plan: _Plan):
     bias_grad = any(x.perturbed for name, x in zip(plan.extra_names(), extras) if name == "bias")
     q, k, v = q.value, k.value, v.value
     extras = tuple(x.value for x in extras)
-    out, lse = _flash(q, k, v, extras, plan)
+    # Named (remat.py) so that a jax.checkpoint policy can keep them rather
+    # than run the forward kernel again in the backward pass.
+    out, lse = remat.name_residuals(*_flash(q, k, v, extras, plan))
     return (out, lse), (q, k, v, out, lse, extras, () if bias_grad else None)
 
 

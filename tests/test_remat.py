@@ -1,0 +1,107 @@
+"""jax.checkpoint (remat) policies and the attention residuals' names.
+
+A policy that saves ``jaxattn.CHECKPOINT_NAMES`` keeps the attention output and
+logsumexp, so the backward pass of a checkpointed layer does not run the
+forward kernel again (jaxattn/remat.py). Counted in the compiled HLO of a scan
+over checkpointed layers: one forward kernel call (the forward loop's) with the
+names saved, two without (the backward loop's too, which also shows that the
+count can fail); the gradients are the same bits either way, and the same as
+without remat.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import jaxattn
+from conftest import random_inputs
+
+POLICIES = jax.checkpoint_policies
+NAMES = POLICIES.save_only_these_names(*jaxattn.CHECKPOINT_NAMES)
+
+
+@pytest.fixture(autouse=True)
+def _on_cpu():
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+def _kernel_calls(compiled_hlo: str, kind: str) -> int:
+    """Custom calls of jaxattn's forward or backward kernels (any backend) in optimized HLO."""
+    return len(re.findall(rf'custom_call_target="jaxattn_\w+_{kind}"', compiled_hlo))
+
+
+def _model(attention, B=2, T=96, N=4, K=2, H=32, L=3, dtype=jnp.float32):
+    """(loss(params, x), params, x) of L residual attention layers in a scan, the layer
+    under `checkpoint` (as in most large-model training code: outside a loop, XLA
+    merges a recomputed kernel call with the forward's own)."""
+    D = N * H
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((B, T, D)), dtype)
+    ws = [jnp.asarray(rng.standard_normal((L, D, D)) * 0.1, dtype) for _ in range(4)]
+
+    def layer(ws, x):
+        q = (x @ ws[0]).reshape(B, T, N, H)
+        k = (x @ ws[1])[..., : K * H].reshape(B, T, K, H)
+        v = (x @ ws[2])[..., : K * H].reshape(B, T, K, H)
+        o = attention(q, k, v)
+        return x + jnp.tanh(o.reshape(B, T, D) @ ws[3])
+
+    def loss(ws, x, policy="none"):
+        f = layer if policy == "none" else jax.checkpoint(layer, policy=policy)
+        y, _ = jax.lax.scan(lambda x, w: (f(w, x), None), x, ws)
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    return loss, ws, x
+
+
+def _check(loss, ws, x):
+    results = {}
+    for name, policy in [("none", "none"), ("recompute", None), ("names", NAMES),
+                         ("dots_and_names", POLICIES.save_from_both_policies(POLICIES.dots_saveable, NAMES))]:
+        g = jax.jit(jax.grad(lambda ws, x, policy=policy: loss(ws, x, policy)))
+        hlo = g.lower(ws, x).compile().as_text()
+        results[name] = (_kernel_calls(hlo, "fwd"), _kernel_calls(hlo, "bwd"), g(ws, x))
+    counts = {name: r[:2] for name, r in results.items()}  # (forward, backward) calls in the HLO
+    # One of each in the scan bodies; the backward body re-runs the forward kernel unless saved.
+    assert counts == {"none": (1, 1), "recompute": (2, 1), "names": (1, 1), "dots_and_names": (1, 1)}, counts
+    for name in ("recompute", "names", "dots_and_names"):
+        for a, b in zip(results["none"][2], results[name][2]):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_flash_attention_names(dtype):
+    _check(*_model(lambda q, k, v: jaxattn.flash_attention(q, k, v, is_causal=True), dtype=dtype))
+
+
+def test_masked_and_unbatched():
+    lengths = jnp.asarray([96, 50], jnp.int32)
+    _check(*_model(lambda q, k, v: jaxattn.flash_attention(q, k, v, local_window_size=(20, 5),
+                                                           key_value_seq_lengths=lengths, logits_soft_cap=3.0)))
+
+    def unbatched(q, k, v):  # [T, N, H] inputs through vmap
+        return jax.vmap(lambda q, k, v: jaxattn.flash_attention(q, k, v, is_causal=True))(q, k, v)
+
+    _check(*_model(unbatched))
+
+
+def test_ring_attention_names():
+    mesh = Mesh(np.array(jax.devices("cpu")[:1]), ("seq",))
+    spec = P(None, "seq")
+    ring = jax.shard_map(lambda q, k, v: jaxattn.ring_attention(q, k, v, axis_name="seq", is_causal=True),
+                         mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
+    _check(*_model(ring))
+
+
+def test_names_are_what_the_forward_rule_tags():
+    q, k, v = random_inputs((1, 8, 2, 16), (1, 8, 2, 16), jnp.float32)
+    jaxpr = str(jax.make_jaxpr(jax.grad(lambda q: jnp.sum(jaxattn.flash_attention(q, k, v))))(q))
+    for name in jaxattn.CHECKPOINT_NAMES:
+        assert f"name={name}" in jaxpr
