@@ -895,11 +895,15 @@ bool empty_problem(const AttnParams& p) {
 }
 
 // The backward's form: fused (bwd_fused_worker) unless a bias gradient is
-// wanted (its sums need the dq pass's task groups) or the (batch, kv head)
-// tasks are too few to share evenly between the workers: the fused form does
-// 5/7 of the two passes' products, but in tasks that are whole heads.
+// wanted (its sums need the dq pass's task groups), the (batch, kv head)
+// tasks are too few to share evenly between the workers (the fused form does
+// 5/7 of the two passes' products, but in tasks that are whole heads), or its
+// per-thread buffers (five of S x H floats; the dq pass holds three) would
+// take more than kFusedBytesMax over all threads.
 // JAXATTN_CPU_BWD=fused|two_pass forces one (for tests; read at each call);
 // a bias gradient always takes the two passes.
+constexpr double kFusedBytesMax = 2.0 * (1 << 30);
+
 bool use_fused_bwd(const AttnParams& p) {
   if (p.dbias) return false;
   if (const char* env = std::getenv("JAXATTN_CPU_BWD")) {
@@ -909,7 +913,9 @@ bool use_fused_bwd(const AttnParams& p) {
   const int64_t tasks = int64_t(p.batch) * p.num_heads_k;
   const int64_t threads = num_threads();
   const int64_t rounds = (tasks + threads - 1) / threads;
-  return 4 * rounds * threads <= 5 * tasks;  // the last round's idle share at most 1/5
+  const double bytes = 5.0 * 4.0 * (double(p.seqlen_k) + kBKMax) * (p.head_dim + 16) * std::min(threads, tasks);
+  return 4 * rounds * threads <= 5 * tasks  // the last round's idle share at most 1/5
+         && bytes <= kFusedBytesMax;
 }
 
 }  // namespace
