@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cpu/decode_handler.h"
+#include "cpu/parallel_for.h"
 #include "cpu_handlers.h"
 #ifdef JAXATTN_WITH_CUDA
 #include "cuda_decode_handler.h"
@@ -56,6 +57,9 @@ NB_MODULE(_jaxattn, m) {
     d["jaxattn_cpu_decode"] = capsule(JaxattnCpuDecode);
     return d;
   });
+  // Worker threads the CPU kernels start for a large call (JAXATTN_CPU_THREADS,
+  // else the CPUs of this thread's affinity mask).
+  m.def("cpu_threads", []() { return jaxattn::cpu::num_threads(); });
   m.def("cuda_targets", []() {
     nb::dict d;
 #ifdef JAXATTN_WITH_SM90

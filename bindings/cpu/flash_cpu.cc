@@ -41,7 +41,8 @@
 //    GCC target attributes and picked at run time (JAXATTN_CPU_ISA=sse2,
 //    avx2 or avx512 forces one, for testing).
 //  * Threads: std::thread workers pulling tasks from an atomic counter
-//    (parallel_for.h); JAXATTN_CPU_THREADS overrides the count.
+//    (parallel_for.h), one per CPU of the caller's affinity mask;
+//    JAXATTN_CPU_THREADS overrides the count.
 
 #include "cpu/flash_cpu.h"
 

@@ -5,6 +5,10 @@
 // by a TaskCounter they pull task indices from (dynamic scheduling).
 #pragma once
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -13,16 +17,31 @@
 
 namespace jaxattn::cpu {
 
+// CPUs this thread may run on: its affinity mask (taskset, cpusets, a batch
+// scheduler's binding), as XLA's own thread pool counts them; the machine's
+// count where the mask cannot be read.
+inline int available_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+#endif
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : int(hw);
+}
+
 // Number of worker threads: $JAXATTN_CPU_THREADS if set to a positive
-// integer, else std::thread::hardware_concurrency() (at least 1).
+// integer, else available_cpus() (at least 1). Read at each call.
 inline int num_threads() {
   if (const char* env = std::getenv("JAXATTN_CPU_THREADS")) {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
     if (end != env && v > 0) return v > 1024 ? 1024 : int(v);
   }
-  const unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : int(hw);
+  return available_cpus();
 }
 
 class TaskCounter {
