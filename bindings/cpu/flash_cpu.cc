@@ -343,6 +343,44 @@ JAXATTN_AI Span block_span(const Mask& mask, BlockKind kind, int i0, int i1, int
   return Span{c0, c1 - c0, std::min(nk, c1) - c0};
 }
 
+// One key block a query tile computes: block kb of bk keys, its kind, the
+// span of its columns computed (block_span) and jc, the first computed key.
+struct KeyBlock {
+  int kb = 0, jc = 0;
+  BlockKind kind = BlockKind::kNone;
+  Span sp;
+};
+
+// The key blocks of bk keys that queries [i0, i0 + nq) may see, in order,
+// skipping those the mask hides: for (KeyBlock kb; walk.next(&kb);) { ... }.
+template <int W>
+class KeyBlockWalk {
+ public:
+  KeyBlockWalk(const Mask& mask, int i0, int nq, int S, int bk)
+      : mask_(mask), i0_(i0), i1_(i0 + nq), S_(S), bk_(bk) {
+    int klo;
+    mask.key_range(i0_, i1_, &klo, &khi_);
+    kb_ = klo / bk;
+  }
+  JAXATTN_AI bool next(KeyBlock* out) {
+    for (; kb_ * bk_ < khi_; ++kb_) {
+      const int j0 = kb_ * bk_, nk = std::min(bk_, S_ - j0);
+      const BlockKind kind = mask_.classify(i0_, i1_, j0, j0 + nk);
+      if (kind == BlockKind::kNone) continue;
+      const Span sp = block_span<W>(mask_, kind, i0_, i1_, j0, nk, bk_);
+      if (sp.cw == 0) continue;
+      *out = KeyBlock{kb_, j0 + sp.c0, kind, sp};
+      ++kb_;
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  const Mask& mask_;
+  int i0_, i1_, S_, bk_, khi_ = 0, kb_ = 0;
+};
+
 // ---- per-ISA configuration ----------------------------------------------------
 
 struct IsaAvx512 {
@@ -441,15 +479,11 @@ JAXATTN_AI void fwd_worker(const AttnParams& p, TaskCounter& tc) {
     }
     std::memset(oacc.data(), 0, sizeof(float) * nq * Hp);
 
-    int klo, khi;
-    mask.key_range(i0, i0 + nq, &klo, &khi);
-    for (int kb = klo / bk; kb * bk < khi; ++kb) {
-      const int j0 = kb * bk, nk = std::min(bk, S - j0);
-      const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
-      if (kind == BlockKind::kNone) continue;
-      const Span sp = block_span<W>(mask, kind, i0, i0 + nq, j0, nk, bk);
-      if (sp.cw == 0) continue;
-      const int jc = j0 + sp.c0;  // first computed key
+    KeyBlockWalk<W> walk(mask, i0, nq, S, bk);
+    for (KeyBlock blk; walk.next(&blk);) {
+      const int kb = blk.kb, jc = blk.jc;  // jc: first computed key
+      const BlockKind kind = blk.kind;
+      const Span sp = blk.sp;
       // S = Q K^T (log2 units), columns [c0, c0 + cw) of the block
       gemm<F, R, CV, Acc::kSet>(nq, sp.cw, H, qs.data(), Hp, 1, kt.data() + size_t(kb) * H * bk + sp.c0,
                                 bk, st.data() + sp.c0, bk);
@@ -654,15 +688,11 @@ JAXATTN_AI void bwd_dq_worker(const AttnParams& p, float* dsum, float* dbias_par
         std::memcpy(dsum + (int64_t(b) * N + n) * T + i0, drow.data(), sizeof(float) * nq);
         std::memset(dqacc.data(), 0, sizeof(float) * nq * Hp);
 
-        int klo, khi;
-        mask.key_range(i0, i0 + nq, &klo, &khi);
-        for (int kb = klo / bk; kb * bk < khi; ++kb) {
-          const int j0 = kb * bk, nk = std::min(bk, S - j0);
-          const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
-          if (kind == BlockKind::kNone) continue;
-          const Span sp = block_span<W>(mask, kind, i0, i0 + nq, j0, nk, bk);
-          if (sp.cw == 0) continue;
-          const int jc = j0 + sp.c0;  // first computed key
+        KeyBlockWalk<W> walk(mask, i0, nq, S, bk);
+        for (KeyBlock blk; walk.next(&blk);) {
+          const int kb = blk.kb, jc = blk.jc;  // jc: first computed key
+          const BlockKind kind = blk.kind;
+          const Span sp = blk.sp;
           const Tile tile{i0, nq, jc, sp.cn, sp.cw, bk};
           p_ds_tile<F, I, R, CV>(p, mask, kind, bias, bp, tile, qs.data(), dos.data(),
                                  kt.data() + size_t(kb) * H * bk + sp.c0,
@@ -811,15 +841,11 @@ JAXATTN_AI void bwd_fused_worker(const AttnParams& p, TaskCounter& tc) {
         d_rows<D>(p, b, n, i0, nq, Hp, dos.data(), row.data(), drow.data());
         std::memset(dqacc.data(), 0, sizeof(float) * nq * Hp);
 
-        int klo, khi;
-        mask.key_range(i0, i0 + nq, &klo, &khi);
-        for (int kb = klo / bk; kb * bk < khi; ++kb) {
-          const int j0 = kb * bk, nk = std::min(bk, S - j0);
-          const BlockKind kind = mask.classify(i0, i0 + nq, j0, j0 + nk);
-          if (kind == BlockKind::kNone) continue;
-          const Span sp = block_span<W>(mask, kind, i0, i0 + nq, j0, nk, bk);
-          if (sp.cw == 0) continue;
-          const int jc = j0 + sp.c0;  // first computed key
+        KeyBlockWalk<W> walk(mask, i0, nq, S, bk);
+        for (KeyBlock blk; walk.next(&blk);) {
+          const int kb = blk.kb, jc = blk.jc;  // jc: first computed key
+          const BlockKind kind = blk.kind;
+          const Span sp = blk.sp;
           float* sc = st.data() + sp.c0;
           float* dc = dp.data() + sp.c0;
           p_ds_tile<F, I, R, CV>(p, mask, kind, bias, bp, Tile{i0, nq, jc, sp.cn, sp.cw, bk}, qs.data(),
