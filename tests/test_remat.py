@@ -2,7 +2,7 @@
 
 A policy that saves ``jaxattn.CHECKPOINT_NAMES`` keeps the attention output and
 logsumexp, so the backward pass of a checkpointed layer does not run the
-forward kernel again (jaxattn/remat.py). Counted in the compiled HLO of a scan
+forward kernel again (jaxattn/remat.py). Counted in the lowered module of a scan
 over checkpointed layers: one forward kernel call (the forward loop's) with the
 names saved, two without (the backward loop's too, which also shows that the
 count can fail); the gradients are the same bits either way, and the same as
@@ -28,12 +28,13 @@ POLICIES = jax.checkpoint_policies
 NAMES = POLICIES.save_only_these_names(*jaxattn.CHECKPOINT_NAMES)
 
 
-def _kernel_calls(compiled_hlo: str, kind: str) -> int:
-    """Custom calls of jaxattn's forward or backward kernels (any backend) in optimized HLO."""
-    return len(re.findall(rf'custom_call_target="jaxattn_\w+_{kind}"', compiled_hlo))
+def _kernel_calls(module: str, kind: str) -> int:
+    """Custom calls of jaxattn's forward or backward kernels (any backend) in a lowered
+    module: what JAX asks XLA to run (XLA's GPU loop passes may copy a loop body)."""
+    return len(re.findall(rf"custom_call @jaxattn_\w+_{kind}\b", module))
 
 
-def _model(attention, B=2, T=96, N=4, K=2, H=32, L=3, dtype=jnp.float32):
+def _model(attention, B=2, T=96, N=4, K=2, H=32, L=3, dtype=jnp.bfloat16):
     """(loss(params, x), params, x) of L residual attention layers in a scan, the layer
     under `checkpoint` (as in most large-model training code: outside a loop, XLA
     merges a recomputed kernel call with the forward's own)."""
@@ -62,7 +63,7 @@ def _check(loss, ws, x, exact=True):
     for name, policy in [("none", "none"), ("recompute", None), ("names", NAMES),
                          ("dots_and_names", POLICIES.save_from_both_policies(POLICIES.dots_saveable, NAMES))]:
         g = jax.jit(jax.grad(lambda ws, x, policy=policy: loss(ws, x, policy)))
-        hlo = g.lower(ws, x).compile().as_text()
+        hlo = g.lower(ws, x).as_text()
         results[name] = (_kernel_calls(hlo, "fwd"), _kernel_calls(hlo, "bwd"), g(ws, x))
     counts = {name: r[:2] for name, r in results.items()}  # (forward, backward) calls in the HLO
     # One of each in the scan bodies; the backward body re-runs the forward kernel unless saved.
@@ -72,12 +73,14 @@ def _check(loss, ws, x, exact=True):
             a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
             if exact:
                 np.testing.assert_array_equal(a, b, err_msg=name)
-            else:  # a backward that adds dq with atomics
-                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(a).max(), err_msg=name)
+            else:  # a backward that adds dq with atomics: bf16 roundings may differ
+                np.testing.assert_allclose(a, b, rtol=2e-2, atol=2**-7 * np.abs(a).max(), err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_flash_attention_names(dtype):
+    if dtype == jnp.float32 and jax.default_backend() != "cpu":
+        pytest.skip("the CUDA kernels take bf16 / f16 (f32 runs the pure-JAX reference)")
     _check(*_model(lambda q, k, v: jaxattn.flash_attention(q, k, v, is_causal=True, deterministic=True),
                    dtype=dtype))
 
