@@ -242,9 +242,11 @@ def test_cuda_kernels(monkeypatch, impl, chunk, H, layout):
 
 # Version 2's loader variants (kV2* bits, cuda/decode/launch_decode.h): the
 # session-3 loader, hoisted lookups, kV2Short, kV2Short with the lean loader,
-# with PDL, the default without the drift loop (the cp.async loop at H=128), the default.
+# with PDL, the default without the drift loop (the cp.async loop at H=128), the default,
+# the default with 4 tiles prefetched into L2 before its wait for the previous grid.
 V2_VARIANTS = {"old": 0, "hoist": 1, "short": 769, "short_lean": 769 | 4096, "short_pdl": 769 | 2048,
-               "default_cpasync": 769 | 4096 | 2048, "default": -1}
+               "default_cpasync": 769 | 4096 | 2048, "default": -1,
+               "default_prewait4": 769 | 4096 | 2048 | 8192 | (4 << 14)}
 
 
 @gpu
@@ -268,7 +270,7 @@ def test_cuda_v2_variants(monkeypatch, variant, layout):
 
 @pytest.mark.parametrize("impl", CUDA)
 @pytest.mark.parametrize("knob, bad_values", [("JAXATTN_CUDA_DECODE_CHUNK", ("-1", "9000", "x")),
-                                              ("JAXATTN_CUDA_DECODE_VARIANT", ("-2", "16384", "x"))],
+                                              ("JAXATTN_CUDA_DECODE_VARIANT", ("-2", str(1 << 18), "x"))],
                          ids=["chunk", "variant"])
 def test_cuda_bad_knob(monkeypatch, impl, knob, bad_values):
     """The test knobs (forced chunk, loader variant) are checked at trace time."""
@@ -675,6 +677,46 @@ def test_flax_cache_errors():
     noncausal = jf.nnx.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="causal"):
         noncausal(x, cache=jf.KVCache.create(1, 8, 2, 8))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["default", "default_prewait4"])
+def test_cuda_decode_reads_the_cache_update_before_it(monkeypatch, variant):
+    """A jitted step writes each row's next token into a paged cache, then decodes
+    with a query that points at that token (its score dominates): the output is the
+    new token's value, as on the XLA path, step after step. The decode kernel runs
+    right after the cache update (launched programmatically); with the pre-wait
+    prefetch its first tiles, the new token's page among them, are fetched into L2
+    before the update is known complete, and must still be read as written."""
+    if variant != "default":
+        monkeypatch.setenv("JAXATTN_CUDA_DECODE_VARIANT", str(V2_VARIANTS[variant]))
+    rng = np.random.default_rng(11)
+    B, N, K, H, ps, pages = 3, 32, 8, 128, 64, 16
+    kc = jnp.asarray(rng.standard_normal((B * pages + 2, ps, K, H)), jnp.bfloat16)
+    vc = jnp.asarray(rng.standard_normal((B * pages + 2, ps, K, H)), jnp.bfloat16)
+    table = jnp.asarray(rng.permutation(B * pages + 2)[: B * pages].reshape(B, pages), jnp.int32)
+    pos = np.array([63, 500, 959], np.int32)
+
+    def step(kc, vc, nk, nv, q, pos, impl):
+        kc, vc = jaxattn.update_kv_cache(kc, vc, nk, nv, pos, block_table=table)
+        return kc, vc, jaxattn.decode_attention(q, kc, vc, kv_lengths=pos + 1, block_table=table, implementation=impl)
+
+    cuda_step = jax.jit(lambda *a: step(*a, "cuda_v2"), donate_argnums=(0, 1))
+    xla_step = jax.jit(lambda *a: step(*a, "xla"))
+    kx, vx = kc, vc
+    kc, vc = jnp.copy(kc), jnp.copy(vc)
+    for _ in range(4):
+        nk = jnp.asarray(rng.standard_normal((B, 1, K, H)), jnp.bfloat16)
+        nv = jnp.asarray(rng.standard_normal((B, 1, K, H)), jnp.bfloat16)
+        q = 2.0 * jnp.repeat(nk, N // K, axis=2)  # each head's query: its KV head's new key, doubled
+        kx, vx, want = xla_step(kx, vx, nk, nv, q, jnp.asarray(pos))
+        kc, vc, got = cuda_step(kc, vc, nk, nv, q, jnp.asarray(pos))
+        want32, got32 = (np.asarray(x, np.float32) for x in (want, got))
+        new_v = np.repeat(np.asarray(nv, np.float32), N // K, axis=2)
+        assert np.max(np.abs(want32 - new_v)) < 0.1  # the new token dominates: a stale read would show
+        np.testing.assert_allclose(got32, want32, atol=3e-2, rtol=3e-2)
+        pos = pos + 1
 
 
 _GRAPH_SCRIPT = """

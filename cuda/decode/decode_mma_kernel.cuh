@@ -218,6 +218,33 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   unsigned long long tl_stamp[kTimelineMarks] = {};
 #endif
   JAXATTN_DECODE_MARK(0);
+#ifdef JAXATTN_DECODE_DRIFT_ON
+  // plan.pre_wait (the drift loop, launched programmatically; kV2PreWaitShift in
+  // launch_decode.h): before the wait, the producer lane of the chunk's first CTA
+  // (split 0, row block 0; no window: its tiles start at key 0) prefetches the first
+  // tiles' K and V boxes into L2, from the length and page ids as they read now
+  // (through L2, ld.global.cg, so no L1 copy outlives the wait). These values only
+  // choose what to prefetch; the kernel reads its own after the wait.
+  if constexpr (L::kDrift) {
+    if (plan.pdl && plan.pre_wait > 0 && warp == L::kWarps && lane == 0 && blockIdx.x == 0 && p.window_left < 0) {
+      const int len_hint = min(max(ptx::ld_cg_s32(p.kv_lengths + b), 0), p.seqlen_k);
+      const int tiles = min(plan.pre_wait, (len_hint + kBlockN - 1) / kBlockN);
+      hptx::prefetch_tmap(&tma.k);
+      hptx::prefetch_tmap(&tma.v);
+      for (int t = 0; t < tiles; ++t) {
+        int row = t * kBlockN, batch = b;
+        if (p.block_table != nullptr) {  // (pages of a multiple of 64 keys here: drift_plan)
+          const int rel = row / p.page_size;
+          if (rel >= p.max_pages) break;
+          row -= rel * p.page_size;
+          batch = min(max(ptx::ld_cg_s32(p.block_table + int64_t(b) * p.max_pages + rel), 0), p.num_pages - 1);
+        }
+        hptx::tma_prefetch_5d(&tma.k, 0, row, 0, kh, batch);
+        hptx::tma_prefetch_5d(&tma.v, 0, row, 0, kh, batch);
+      }
+    }
+  }
+#endif
   // plan.pdl (launched with programmatic stream serialization): nothing the
   // previous grid writes is read before it has completed; the next grid may
   // launch now (its CTAs take SM slots as ours free them, then wait likewise).

@@ -39,7 +39,7 @@ int decode_max_splits(int capacity, int forced_chunk = 0);
 // below kV2VariantEnd (tests and benchmarks: a same-run A/B through JAX).
 LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version = 1, int forced_chunk = 0,
                         int variant = -1);
-constexpr int kV2VariantEnd = 1 << 14;
+constexpr int kV2VariantEnd = 1 << 18;
 
 // Loader variants of version 2 (bits; decode_check measures them side by
 // side). kV2Hoist: a tile's page ids are read once per tile (two shared-memory
@@ -86,6 +86,15 @@ constexpr int kV2Lean = 1 << 12;
 // the cp.async loop in the same run: B=16 L=4K 80 -> 83-84%, B=16 L=16K 89 -> 89%,
 // B=64 L=4K 89 -> 89% of the read bandwidth (perf.md, session 20).
 constexpr int kV2Drift = 1 << 13;
+// Bits 14-17 (kV2PreWaitShift): the drift loop launched programmatically (kV2Pdl)
+// prefetches that many of its first tiles into L2 (TMA tensor prefetches) before it
+// waits for the previous grid, from the row's length and page ids read then (through
+// L2 only, ld.global.cg). Those reads may see what the previous grid has not yet
+// written; they only choose what to prefetch: every value the kernel uses is read
+// after the wait, and L2 is where every write lands, so a prefetched line is never
+// stale. The SMs the previous grid leaves early (and the ones it never used) start
+// the next call's first bytes while it finishes (session 42).
+constexpr int kV2PreWaitShift = 14;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 // kV2Short: the short-context candidate for the default (H200 run 1 of the

@@ -26,8 +26,8 @@
 // Usage: decode_check [--quick] [--no-bench] [--no-check] [--bench-only]
 //   --quick: a few small cases, no benchmark (for compute-sanitizer).
 //   --fast: check only the default ("v2new"), kV2Short, kV2ShortLong,
-//           kV2Short with PDL / with the lean loader alone, and the default
-//           without the drift loop ("v2cpas").
+//           kV2Short with PDL / with the lean loader alone, the default
+//           without the drift loop ("v2cpas") and with the pre-wait prefetch ("v2prew").
 //   --sweep: also time forced split counts on the short rows.
 //   --row B L: bench that issue-9 row only, no check (for a profiler).
 //   --timeline B L: a build with -DJAXATTN_DECODE_TIMELINE only: per variant of
@@ -144,7 +144,8 @@ static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int nu
 // every loader bit (hoist, touch, 8 tiles of L2 prefetch), 6 = kV2Short,
 // 7 = kV2Short without the cluster merge, 8 = kV2ShortLong, 9 = kV2Short with
 // programmatic dependent launch (kV2Pdl), 10 = kV2Short with the lean loader
-// (kV2Lean), 11 = the default without the drift loop (the cp.async loop at H=128).
+// (kV2Lean), 11 = the default without the drift loop (the cp.async loop at H=128),
+// 12 = the default with 4 tiles prefetched into L2 before the wait (kV2PreWaitShift).
 // The default (kV2Default) is kV2Short | kV2Lean | kV2Pdl | kV2Drift.
 constexpr int kShortNoCluster = jc::kV2Short & ~jc::kV2Cluster;
 static const char* kernel_name(int kernel) {
@@ -159,6 +160,7 @@ static const char* kernel_name(int kernel) {
     case 9: return "v2pdl";
     case 10: return "v2lean";
     case 11: return "v2cpas";
+    case 12: return "v2prew";
     default: return "v2";
   }
 }
@@ -176,6 +178,7 @@ static jaxattn::cuda::LaunchStatus run_kernel(const AttnParams& p, int kernel, i
     case 9: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short | jc::kV2Pdl);
     case 10: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short | jc::kV2Lean);
     case 11: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant & ~jc::kV2Drift);
+    case 12: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant | (4 << jc::kV2PreWaitShift));
     default: return jc::decode_fwd(p, nullptr, 2, chunk);
   }
 }
@@ -436,6 +439,8 @@ static void bench(double peak) {
                       {"short", jc::kV2Short, 0},
                       {"default identity", def, 2},
                       {"default + refill", def | jc::kV2Refill, 0},
+                      {"default + pre-wait 4", def | (4 << jc::kV2PreWaitShift), 0},
+                      {"default + pre-wait 8", def | (8 << jc::kV2PreWaitShift), 0},
                       {"default contig", def, 1},
                       {"short contig", jc::kV2Short, 1},
                       {"hoist (session-5 default)", jc::kV2Hoist, 0}};
@@ -737,8 +742,10 @@ int main(int argc, char** argv) {
     std::printf("== check against float64 (max abs error of o, of lse)\n");
     uint64_t seed = 1;
     for (const DecodeCase& c : cases) {
-      for (int kernel : {1, 2, 3, 5, 6, 7, 8, 9, 10, 11}) {
-        if (fast && kernel != 3 && kernel != 6 && kernel != 8 && kernel != 9 && kernel != 10 && kernel != 11) continue;
+      for (int kernel : {1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12}) {
+        if (fast && kernel != 3 && kernel != 6 && kernel != 8 && kernel != 9 && kernel != 10 && kernel != 11 &&
+            kernel != 12)
+          continue;
         double lse_err = 0.0;
         const double err = check_case(c, kernel, seed, &lse_err);
         const double tol = c.bf16 ? 2e-2 : 4e-3;
@@ -750,7 +757,7 @@ int main(int argc, char** argv) {
       ++seed;
     }
     std::printf("%s: %d of %zu case-versions failed\n", failures ? "SOME FAILED" : "ALL OK", failures,
-                (fast ? 6 : 10) * cases.size());
+                (fast ? 7 : 11) * cases.size());
   }
   if (do_bench) {
     const double peak = read_bandwidth();
