@@ -3,11 +3,11 @@
 Times jaxattn.decode_attention (CUDA version 2) on one issue-9 row through
 jax.jit, round robin, ~20 ms batches: the paged cache through a shuffled
 page table (as benchmarks/decode.py builds it), the same pages through the
-identity table (a contiguous layout read by the paged code), and the
-contiguous cache. --only NAME runs one of them for a profiler
+identity table (a contiguous layout read by the paged code), the
+contiguous cache, and jax.nn's cuDNN attention on the contiguous cache. --only NAME runs one of them for a profiler
 (ncu -k regex:decode_mma --launch-skip ...).
 
-  python3 scripts/decode_jax_probe.py --B 64 --L 4096 [--only paged|identity|contiguous]
+  python3 scripts/decode_jax_probe.py --B 64 --L 4096 [--only paged|identity|contiguous|cudnn]
   python3 scripts/decode_jax_probe.py --B 16 --L 4096 --trace 8 [--trace-impl cudnn]  # GPU kernel timeline
 
 --trace LAYERS: jitted steps of LAYERS paged calls (each its own query, as
@@ -93,9 +93,12 @@ def main():
     dec = jax.jit(lambda q, k, v, L, t: jaxattn.decode_attention(q, k, v, kv_lengths=L, block_table=t,
                                                                  implementation="cuda_v2"))
     con = jax.jit(lambda q, k, v, L: jaxattn.decode_attention(q, k, v, kv_lengths=L, implementation="cuda_v2"))
+    cud = jax.jit(lambda q, k, v, L: jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=L,
+                                                                   implementation="cudnn"))
     cases = {"paged": lambda: dec(q, kp, vp, lengths, table),
              "identity": lambda: dec(q, kpi, vpi, lengths, ident),
-             "contiguous": lambda: con(q, kc, vc, lengths)}
+             "contiguous": lambda: con(q, kc, vc, lengths),
+             "cudnn": lambda: cud(q, kc, vc, lengths)}
     for f in cases.values():  # traced now, without the variable
         jax.block_until_ready(f())
     if a.variant is not None:  # paged and contiguous with JAXATTN_CUDA_DECODE_VARIANT=a.variant

@@ -221,16 +221,23 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
 #ifdef JAXATTN_DECODE_DRIFT_ON
   // plan.pre_wait (the drift loop, launched programmatically; kV2PreWaitShift in
   // launch_decode.h): before the wait, the producer lane of the chunk's first CTA
-  // (split 0, row block 0; no window: its tiles start at key 0) prefetches the first
-  // tiles' K and V boxes into L2, from the length and page ids as they read now
+  // (split 0, row block 0; no window: its tiles start at key 0) prefetches its query
+  // rows and the first tiles' K and V boxes into L2, from the length and page ids as they read now
   // (through L2, ld.global.cg, so no L1 copy outlives the wait). These values only
   // choose what to prefetch; the kernel reads its own after the wait.
   if constexpr (L::kDrift) {
     if (plan.pdl && plan.pre_wait > 0 && warp == L::kWarps && lane == 0 && blockIdx.x == 0 && p.window_left < 0) {
+      const int G0 = p.num_heads / p.num_heads_k;
       const int len_hint = min(max(ptx::ld_cg_s32(p.kv_lengths + b), 0), p.seqlen_k);
       const int tiles = min(plan.pre_wait, (len_hint + kBlockN - 1) / kBlockN);
       hptx::prefetch_tmap(&tma.k);
       hptx::prefetch_tmap(&tma.v);
+      // The query rows of row block 0 (read right after the wait, with the length).
+      for (int row = 0; row < min(L::kRows, p.seqlen_q * G0); ++row) {
+        const Elem* qrow = static_cast<const Elem*>(p.q) + b * p.q_batch_stride + (row / G0) * p.q_row_stride +
+                           (kh * G0 + row % G0) * p.q_head_stride;
+        for (int c = 0; c < H; c += 64) ptx::prefetch_l2(qrow + c);
+      }
       for (int t = 0; t < tiles; ++t) {
         int row = t * kBlockN, batch = b;
         if (p.block_table != nullptr) {  // (pages of a multiple of 64 keys here: drift_plan)
