@@ -89,6 +89,14 @@ __device__ __forceinline__ void prefetch_l2(const void* gmem) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem));
 }
 
+// Transpose of an 8x8 matrix of 16-bit elements held across the warp (thread
+// 4 g + t holds row g, columns 2t and 2t + 1): returns row g of the transpose.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
 // A 32-bit load cached in L2 only (ld.global.cg: no L1 line is allocated, so a
 // later ordinary load of the same address cannot hit a copy this one left in L1).
 __device__ __forceinline__ int ld_cg_s32(const int32_t* gmem) {

@@ -516,6 +516,24 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   float o_acc[1][H / 8][4];
   sm80::clear(o_acc);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#ifdef JAXATTN_EXP_DECODE_SWAP_AB
+  // The drift loop with A and B swapped (-DJAXATTN_EXP_DECODE_SWAP_AB): S^T = K Q^T
+  // (m16 keys x n8 query rows) and O^T += V^T P^T (m16 dims x n8 rows), so a tile's
+  // query rows fill n8 tiles instead of an m16 tile: at <= 8 rows (G * Tq, e.g. 4)
+  // half the mma of the usual orientation. Thread 4 g + t4 holds rows nt * 8 + 2 t4 + e.
+  float ot_acc[H / 16][2][4];
+  float sw_m[2][2], sw_l[2][2];
+#pragma unroll
+  for (int i = 0; i < H / 16; ++i)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) ot_acc[i][nt][c] = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) sw_m[nt][e] = -INFINITY, sw_l[nt][e] = 0.f;
+#endif
 
   const uint32_t q_addr = ptx::smem_addr(q_s) + sm80::lane_offset_a<kPitch>(lane);
   const uint32_t k_lane = ptx::smem_addr(ring) + (warp * 16 * kPitch) * 2 + sm80::lane_offset_b<kPitch>(lane);
@@ -557,6 +575,20 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
       // 16-byte unit u of row r of a 64-column chunk sits at unit u ^ (r % 8).
       const uint32_t k_sw = (kw * 16 + (lane & 7) + (lane >> 4) * 8) * 128, y_k = (lane & 7) ^ ((lane >> 3) & 1);
       const uint32_t v_sw = (kw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * 128, y_v = (lane & 7) ^ (lane >> 4);
+#ifdef JAXATTN_EXP_DECODE_SWAP_AB
+      const uint32_t q_b = ptx::smem_addr(q_s) + sm80::lane_offset_b<kPitch>(lane);
+      const bool two = rows_here > 8;  // rows 8-15 real: the second n8 tile of query rows
+      int sw_pos[2][2];
+      bool sw_ok[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = nt * 8 + 2 * t4 + e;
+          sw_ok[nt][e] = r < rows_here;
+          sw_pos[nt][e] = len - T + (r0 + r) / G;
+        }
+#endif
       for (int tile = group; tile < num_tiles; tile += L::kGroups) {
         const int stage = tile % kStages;
         const uint32_t st = ring_base + stage * L::kTmaStageBytes;
@@ -581,6 +613,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
           hptx::fence_proxy_async_smem();  // these writes, before the stage's next TMA writes
           __syncwarp();
         }
+#ifndef JAXATTN_EXP_DECODE_SWAP_AB
         float s_acc[1][2][4];
         sm80::clear(s_acc);
 #pragma unroll
@@ -603,6 +636,69 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
           ptx::mma_16816<Elem>(o_acc[0][2 * jp], p_frag[0][0], v_frag[jp][0], v_frag[jp][1]);
           ptx::mma_16816<Elem>(o_acc[0][2 * jp + 1], p_frag[0][0], v_frag[jp][2], v_frag[jp][3]);
         }
+#else
+        // S^T: K as the A operand (pattern A rows of the swizzled K chunk), Q^T as B
+        // (pattern B rows of q_s: b0 b1 rows 0-7, b2 b3 rows 8-15).
+        float st_acc[2][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < H / 16; ++kk) {
+          uint32_t ka[4], qb[4];
+          ptx::ldmatrix_x4(qb, q_b + kk * 16 * 2);
+          ptx::ldmatrix_x4(ka, st + (kk / 4) * L::kTmaChunkBytes + v_sw + ((((kk % 4) * 2) ^ y_v) << 4));
+          ptx::mma_16816<Elem>(st_acc[0], ka, qb[0], qb[1]);
+          if (two) ptx::mma_16816<Elem>(st_acc[1], ka, qb[2], qb[3]);
+        }
+        // V^T as the A operand: pattern B rows of the V chunk, transposed.
+        uint32_t vt_frag[H / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < H / 16; ++mt) {
+          ptx::ldmatrix_x4_trans(vt_frag[mt], st + L::kTmaTileBytes + (mt / 4) * L::kTmaChunkBytes + k_sw +
+                                                  ((((mt % 4) * 2) ^ y_k) << 4));
+        }
+        // Online softmax per query row (keys jw + g and jw + g + 8 in this thread; the
+        // row's other keys in the lanes of the same t4).
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          if (nt == 1 && !two) break;
+          uint32_t pt[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float x[2];
+#pragma unroll
+            for (int hk = 0; hk < 2; ++hk) {
+              const int j = jw + g + 8 * hk;
+              float v = st_acc[nt][2 * hk + e] * qk_scale;
+              if (cap > 0.f) v = cap * kLog2e * tanhf(v * (kLn2 / cap));
+              const bool ok = sw_ok[nt][e] && j < j_end && j <= sw_pos[nt][e] && (wl < 0 || j >= sw_pos[nt][e] - wl);
+              x[hk] = ok ? v : -INFINITY;
+            }
+            float mx = fmaxf(x[0], x[1]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            const float m_new = fmaxf(sw_m[nt][e], mx);
+            const float m_use = m_new == -INFINITY ? 0.f : m_new;
+            const float alpha = ptx::exp2_approx(sw_m[nt][e] - m_use);
+            sw_m[nt][e] = m_new;
+            x[0] = ptx::exp2_approx(x[0] - m_use);
+            x[1] = ptx::exp2_approx(x[1] - m_use);
+            sw_l[nt][e] = sw_l[nt][e] * alpha + x[0] + x[1];
+#pragma unroll
+            for (int mt = 0; mt < H / 16; ++mt) {
+              ot_acc[mt][nt][e] *= alpha;
+              ot_acc[mt][nt][2 + e] *= alpha;
+            }
+            st_acc[nt][e] = x[0];
+            st_acc[nt][2 + e] = x[1];
+          }
+          // P^T as the B operand: the S^T fragment (row key, columns query rows), packed
+          // and transposed per 8x8 block.
+          pt[0] = ptx::movmatrix_trans(ptx::pack2<Elem>(st_acc[nt][0], st_acc[nt][1]));
+          pt[1] = ptx::movmatrix_trans(ptx::pack2<Elem>(st_acc[nt][2], st_acc[nt][3]));
+#pragma unroll
+          for (int mt = 0; mt < H / 16; ++mt) ptx::mma_16816<Elem>(ot_acc[mt][nt], vt_frag[mt], pt[0], pt[1]);
+        }
+#endif
 #else
         (void)jw;
 #endif
@@ -741,6 +837,31 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   float* red_m = red_o + L::kWarps * L::kRows * (H + 4);
   float* red_l = red_m + L::kWarps * L::kRows;
   float* row_lse = red_l + L::kWarps * L::kRows;  // [kRows]: the row's logsumexp (log2)
+#ifdef JAXATTN_EXP_DECODE_SWAP_AB
+  if constexpr (L::kDrift) {
+    if (warp < L::kWarps) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float lsum = sw_l[nt][e];
+          lsum += __shfl_xor_sync(0xffffffffu, lsum, 4);
+          lsum += __shfl_xor_sync(0xffffffffu, lsum, 8);
+          lsum += __shfl_xor_sync(0xffffffffu, lsum, 16);
+          const int r = nt * 8 + 2 * t4 + e;
+          if (g == 0) {
+            red_m[warp * L::kRows + r] = sw_m[nt][e];
+            red_l[warp * L::kRows + r] = lsum;
+          }
+#pragma unroll
+          for (int mt = 0; mt < H / 16; ++mt) {
+            red_o[(warp * L::kRows + r) * (H + 4) + mt * 16 + g] = ot_acc[mt][nt][e];
+            red_o[(warp * L::kRows + r) * (H + 4) + mt * 16 + g + 8] = ot_acc[mt][nt][2 + e];
+          }
+        }
+    }
+  } else
+#endif
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float lsum = ptx::quad_sum(l[h]);
