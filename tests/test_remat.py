@@ -69,10 +69,19 @@ def _check(loss, ws, x, exact=True):
     # One of each in the scan bodies; the backward body re-runs the forward kernel unless saved.
     assert counts == {"none": (1, 1), "recompute": (2, 1), "names": (1, 1), "dots_and_names": (1, 1)}, counts
     for name in ("recompute", "names", "dots_and_names"):
+        # With dots saved, XLA's GPU compiler fuses the projections differently (a saved
+        # dot output is rounded to bf16 where the unsaved one fed its fusion directly), so
+        # on GPUs that policy's gradients differ from no remat in bf16 roundings, which
+        # four tanh layers amplify (H200, session 42: ~1.5 in values of ~30, the kernel
+        # call counts as asserted above). Exact on the CPU, where they do not.
+        rounding = name == "dots_and_names" and jax.default_backend() != "cpu"
         for a, b in zip(results["none"][2], results[name][2]):
             a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-            if exact:
+            if exact and not rounding:
                 np.testing.assert_array_equal(a, b, err_msg=name)
+            elif rounding:
+                rel = np.linalg.norm(a - b) / np.linalg.norm(a)
+                assert rel <= 3e-2, (name, rel)
             else:  # a backward that adds dq with atomics: bf16 roundings may differ
                 np.testing.assert_allclose(a, b, rtol=2e-2, atol=2**-7 * np.abs(a).max(), err_msg=name)
 

@@ -279,13 +279,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, uint
       "l"(tmap), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
-// Prefetch of the box of a 5D tiled tensor map at c0..c4 into L2 (no shared memory,
-// no barrier, nothing to wait for; out-of-range parts of the box are not fetched).
-__device__ __forceinline__ void tma_prefetch_5d(const void* tmap, int c0, int c1, int c2, int c3, int c4) {
-  asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];\n" ::"l"(tmap),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
-               : "memory");
-}
 // L2 eviction priority policies for the .L2::cache_hint forms (a 64-bit operand made by
 // createpolicy; fraction 1.0: every line the access touches). evict_last: data other
 // CTAs will touch again soon; evict_first: data read once.

@@ -97,14 +97,6 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return r;
 }
 
-// A 32-bit load cached in L2 only (ld.global.cg: no L1 line is allocated, so a
-// later ordinary load of the same address cannot hit a copy this one left in L1).
-__device__ __forceinline__ int ld_cg_s32(const int32_t* gmem) {
-  int v;
-  asm volatile("ld.global.cg.s32 %0, [%1];\n" : "=r"(v) : "l"(gmem));
-  return v;
-}
-
 // Programmatic dependent launch (sm_90+; no-ops before, and when the grid
 // was launched without the programmatic-serialization attribute):
 // griddep_wait blocks until the grids this one depends on have completed and

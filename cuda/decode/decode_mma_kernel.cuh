@@ -195,7 +195,8 @@ __device__ DecodeTimeline g_decode_timeline;
 #define JAXATTN_DECODE_MARK(i) ((void)0)
 #endif
 
-template <int H, bool kBf16, bool kDriftLoop = false>
+// kSwap (the drift loop only; kV2SwapAB): S^T = K Q^T and O^T += V^T P^T (below).
+template <int H, bool kBf16, bool kDriftLoop = false, bool kSwap = false>
 __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
     decode_mma_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan,
                       const __grid_constant__ DecodeTma tma) {
@@ -218,40 +219,6 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   unsigned long long tl_stamp[kTimelineMarks] = {};
 #endif
   JAXATTN_DECODE_MARK(0);
-#ifdef JAXATTN_DECODE_DRIFT_ON
-  // plan.pre_wait (the drift loop, launched programmatically; kV2PreWaitShift in
-  // launch_decode.h): before the wait, the producer lane of the chunk's first CTA
-  // (split 0, row block 0; no window: its tiles start at key 0) prefetches its query
-  // rows and the first tiles' K and V boxes into L2, from the length and page ids as they read now
-  // (through L2, ld.global.cg, so no L1 copy outlives the wait). These values only
-  // choose what to prefetch; the kernel reads its own after the wait.
-  if constexpr (L::kDrift) {
-    if (plan.pdl && plan.pre_wait > 0 && warp == L::kWarps && lane == 0 && blockIdx.x == 0 && p.window_left < 0) {
-      const int G0 = p.num_heads / p.num_heads_k;
-      const int len_hint = min(max(ptx::ld_cg_s32(p.kv_lengths + b), 0), p.seqlen_k);
-      const int tiles = min(plan.pre_wait, (len_hint + kBlockN - 1) / kBlockN);
-      hptx::prefetch_tmap(&tma.k);
-      hptx::prefetch_tmap(&tma.v);
-      // The query rows of row block 0 (read right after the wait, with the length).
-      for (int row = 0; row < min(L::kRows, p.seqlen_q * G0); ++row) {
-        const Elem* qrow = static_cast<const Elem*>(p.q) + b * p.q_batch_stride + (row / G0) * p.q_row_stride +
-                           (kh * G0 + row % G0) * p.q_head_stride;
-        for (int c = 0; c < H; c += 64) ptx::prefetch_l2(qrow + c);
-      }
-      for (int t = 0; t < tiles; ++t) {
-        int row = t * kBlockN, batch = b;
-        if (p.block_table != nullptr) {  // (pages of a multiple of 64 keys here: drift_plan)
-          const int rel = row / p.page_size;
-          if (rel >= p.max_pages) break;
-          row -= rel * p.page_size;
-          batch = min(max(ptx::ld_cg_s32(p.block_table + int64_t(b) * p.max_pages + rel), 0), p.num_pages - 1);
-        }
-        hptx::tma_prefetch_5d(&tma.k, 0, row, 0, kh, batch);
-        hptx::tma_prefetch_5d(&tma.v, 0, row, 0, kh, batch);
-      }
-    }
-  }
-#endif
   // plan.pdl (launched with programmatic stream serialization): nothing the
   // previous grid writes is read before it has completed; the next grid may
   // launch now (its CTAs take SM slots as ours free them, then wait likewise).
@@ -516,8 +483,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   float o_acc[1][H / 8][4];
   sm80::clear(o_acc);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#ifdef JAXATTN_EXP_DECODE_SWAP_AB
-  // The drift loop with A and B swapped (-DJAXATTN_EXP_DECODE_SWAP_AB): S^T = K Q^T
+  // kSwap: the drift loop with A and B swapped (kV2SwapAB): S^T = K Q^T
   // (m16 keys x n8 query rows) and O^T += V^T P^T (m16 dims x n8 rows), so a tile's
   // query rows fill n8 tiles instead of an m16 tile: at <= 8 rows (G * Tq, e.g. 4)
   // half the mma of the usual orientation. Thread 4 g + t4 holds rows nt * 8 + 2 t4 + e.
@@ -533,7 +499,6 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
     for (int e = 0; e < 2; ++e) sw_m[nt][e] = -INFINITY, sw_l[nt][e] = 0.f;
-#endif
 
   const uint32_t q_addr = ptx::smem_addr(q_s) + sm80::lane_offset_a<kPitch>(lane);
   const uint32_t k_lane = ptx::smem_addr(ring) + (warp * 16 * kPitch) * 2 + sm80::lane_offset_b<kPitch>(lane);
@@ -575,9 +540,8 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
       // 16-byte unit u of row r of a 64-column chunk sits at unit u ^ (r % 8).
       const uint32_t k_sw = (kw * 16 + (lane & 7) + (lane >> 4) * 8) * 128, y_k = (lane & 7) ^ ((lane >> 3) & 1);
       const uint32_t v_sw = (kw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * 128, y_v = (lane & 7) ^ (lane >> 4);
-#ifdef JAXATTN_EXP_DECODE_SWAP_AB
-      const uint32_t q_b = ptx::smem_addr(q_s) + sm80::lane_offset_b<kPitch>(lane);
-      const bool two = rows_here > 8;  // rows 8-15 real: the second n8 tile of query rows
+      [[maybe_unused]] const uint32_t q_b = ptx::smem_addr(q_s) + sm80::lane_offset_b<kPitch>(lane);
+      [[maybe_unused]] const bool two = rows_here > 8;  // rows 8-15 real: the second n8 tile of query rows
       int sw_pos[2][2];
       bool sw_ok[2][2];
 #pragma unroll
@@ -588,7 +552,6 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
           sw_ok[nt][e] = r < rows_here;
           sw_pos[nt][e] = len - T + (r0 + r) / G;
         }
-#endif
       for (int tile = group; tile < num_tiles; tile += L::kGroups) {
         const int stage = tile % kStages;
         const uint32_t st = ring_base + stage * L::kTmaStageBytes;
@@ -613,7 +576,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
           hptx::fence_proxy_async_smem();  // these writes, before the stage's next TMA writes
           __syncwarp();
         }
-#ifndef JAXATTN_EXP_DECODE_SWAP_AB
+        if constexpr (!kSwap) {
         float s_acc[1][2][4];
         sm80::clear(s_acc);
 #pragma unroll
@@ -636,7 +599,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
           ptx::mma_16816<Elem>(o_acc[0][2 * jp], p_frag[0][0], v_frag[jp][0], v_frag[jp][1]);
           ptx::mma_16816<Elem>(o_acc[0][2 * jp + 1], p_frag[0][0], v_frag[jp][2], v_frag[jp][3]);
         }
-#else
+        } else {
         // S^T: K as the A operand (pattern A rows of the swizzled K chunk), Q^T as B
         // (pattern B rows of q_s: b0 b1 rows 0-7, b2 b3 rows 8-15).
         float st_acc[2][4] = {};
@@ -698,7 +661,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
 #pragma unroll
           for (int mt = 0; mt < H / 16; ++mt) ptx::mma_16816<Elem>(ot_acc[mt][nt], vt_frag[mt], pt[0], pt[1]);
         }
-#endif
+        }
 #else
         (void)jw;
 #endif
@@ -837,8 +800,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   float* red_m = red_o + L::kWarps * L::kRows * (H + 4);
   float* red_l = red_m + L::kWarps * L::kRows;
   float* row_lse = red_l + L::kWarps * L::kRows;  // [kRows]: the row's logsumexp (log2)
-#ifdef JAXATTN_EXP_DECODE_SWAP_AB
-  if constexpr (L::kDrift) {
+  if constexpr (L::kDrift && kSwap) {
     if (warp < L::kWarps) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -860,8 +822,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
           }
         }
     }
-  } else
-#endif
+  } else {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float lsum = ptx::quad_sum(l[h]);
@@ -876,6 +837,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
       *reinterpret_cast<float2*>(red_o + (warp * L::kRows + r) * (H + 4) + d * 8 + 2 * t4) =
           make_float2(o_acc[0][d][2 * h], o_acc[0][d][2 * h + 1]);
     }
+  }
   }
   __syncthreads();
   if (tid < L::kRows) {

@@ -55,9 +55,6 @@ struct DecodePlan {
   // lean: the branch-free loader with per-tile bases computed ahead (kV2Lean;
   // contiguous caches and pages of >= one tile).
   bool lean;
-  // pre_wait: tiles of the chunk prefetched into L2 before the wait for the previous
-  // grid (the drift loop with pdl; kV2PreWaitShift in launch_decode.h); 0 = none.
-  int pre_wait;
 };
 
 constexpr int kMaxClusterSplits = 8;  // portable cluster size

@@ -39,7 +39,7 @@ int decode_max_splits(int capacity, int forced_chunk = 0);
 // below kV2VariantEnd (tests and benchmarks: a same-run A/B through JAX).
 LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version = 1, int forced_chunk = 0,
                         int variant = -1);
-constexpr int kV2VariantEnd = 1 << 18;
+constexpr int kV2VariantEnd = 1 << 15;
 
 // Loader variants of version 2 (bits; decode_check measures them side by
 // side). kV2Hoist: a tile's page ids are read once per tile (two shared-memory
@@ -86,15 +86,12 @@ constexpr int kV2Lean = 1 << 12;
 // the cp.async loop in the same run: B=16 L=4K 80 -> 83-84%, B=16 L=16K 89 -> 89%,
 // B=64 L=4K 89 -> 89% of the read bandwidth (perf.md, session 20).
 constexpr int kV2Drift = 1 << 13;
-// Bits 14-17 (kV2PreWaitShift): the drift loop launched programmatically (kV2Pdl)
-// prefetches that many of its first tiles into L2 (TMA tensor prefetches) before it
-// waits for the previous grid, from the row's length and page ids read then (through
-// L2 only, ld.global.cg). Those reads may see what the previous grid has not yet
-// written; they only choose what to prefetch: every value the kernel uses is read
-// after the wait, and L2 is where every write lands, so a prefetched line is never
-// stale. The SMs the previous grid leaves early (and the ones it never used) start
-// the next call's first bytes while it finishes (session 42).
-constexpr int kV2PreWaitShift = 14;
+// kV2SwapAB (with kV2Drift; session 42): the drift loop computes S^T = K Q^T and
+// O^T += V^T P^T (decode_mma_kernel<128, *, true, true>), the query rows in n8 tiles:
+// at <= 8 rows per KV head (G * Tq) half the mma and half the rescaled accumulators.
+// H200 checker, same call, against the plain drift loop: B=16 L=4K 85 -> 86%, B=64 L=4K
+// 90 -> 91%, B=16 L=16K 90 -> 90% (perf.md session 42 run 2).
+constexpr int kV2SwapAB = 1 << 14;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 // kV2Short: the short-context candidate for the default (H200 run 1 of the
@@ -112,7 +109,8 @@ constexpr int kV2ShortLong = kV2Short | kV2LongChunks;
 // 81 -> 87%). Since session 17 the kernel reads each tile's V fragments before the
 // softmax (what ptxas had done only in the timeline build): the default reads 90 / 89
 // / 80% at B=64 L=4K / B=16 L=16K / B=16 L=4K in the checker (perf.md, session 17).
-constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl | kV2Drift;
+// Since session 42 with the drift loop's swapped orientation (kV2SwapAB).
+constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl | kV2Drift | kV2SwapAB;
 // Before: kV2Short (session 6; before it kV2Hoist, hoisted
 // page lookups alone: -DJAXATTN_DECODE_V2_VARIANT=kV2Hoist builds that). H200, session 4
 // (scripts/decode_standalone.sh, page 64, shuffled pages, B=64 L=16K): old 58%,

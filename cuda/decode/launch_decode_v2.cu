@@ -23,7 +23,7 @@ constexpr int kRowsPerCta = decode::MmaLayout<64>::kRows;
 // ~110 KB per block: version 1 runs instead); the first call per device also
 // raises the kernel's dynamic shared-memory limit there. No synchronisation
 // (attribute and occupancy queries only).
-template <int H, bool kBf16, bool kD = false>
+template <int H, bool kBf16, bool kD = false, bool kS = false>
 int resident_ctas(cudaError_t* err) {
   static std::atomic<int> cache[kMaxDevices];  // 0 = not set up yet
   int dev = 0;
@@ -38,7 +38,7 @@ int resident_ctas(cudaError_t* err) {
     cache[slot].store(-1, std::memory_order_release);
     return -1;
   }
-  auto kernel = decode::decode_mma_kernel<H, kBf16, kD>;
+  auto kernel = decode::decode_mma_kernel<H, kBf16, kD, kS>;
   *err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes);
   if (*err != cudaSuccess) return 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, L::kThreads, L::kSmemBytes) != cudaSuccess || n < 1)
@@ -82,7 +82,7 @@ cudaLaunchConfig_t launch_config(dim3 grid, int splits, bool pdl, cudaStream_t s
 // (its PTX version: a build without sm_90 code JIT-compiles the sm_80 PTX,
 // which has no cluster code), and at least one such cluster resident at once.
 // Queried once per device and cluster size. Call after resident_ctas.
-template <int H, bool kBf16, bool kD = false>
+template <int H, bool kBf16, bool kD = false, bool kS = false>
 bool cluster_ok(int splits) {
   if (splits < 2 || splits > decode::kMaxClusterSplits) return false;
   static std::atomic<int> cache[kMaxDevices][decode::kMaxClusterSplits + 1];  // 0 unknown, 1 yes, -1 no
@@ -91,7 +91,7 @@ bool cluster_ok(int splits) {
   const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
   const int known = cache[slot][splits].load(std::memory_order_acquire);
   if (known != 0) return known > 0;
-  auto kernel = decode::decode_mma_kernel<H, kBf16, kD>;
+  auto kernel = decode::decode_mma_kernel<H, kBf16, kD, kS>;
   bool ok = false, failed = false;
   int major = 0, launch = 0;
   cudaFuncAttributes fa{};
@@ -113,7 +113,7 @@ bool cluster_ok(int splits) {
 // stream serialization (kV2Pdl): its code on this device was compiled for
 // sm_90+ (binary and PTX), where it waits for the previous grid itself
 // (griddepcontrol.wait; compiled out below sm_90). Queried once per device.
-template <int H, bool kBf16, bool kD = false>
+template <int H, bool kBf16, bool kD = false, bool kS = false>
 bool pdl_ok() {
   static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 yes, -1 no
   int dev = 0;
@@ -124,7 +124,7 @@ bool pdl_ok() {
   cudaFuncAttributes fa{};
   int major = 0;
   bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
-            cudaFuncGetAttributes(&fa, decode::decode_mma_kernel<H, kBf16, kD>) == cudaSuccess &&
+            cudaFuncGetAttributes(&fa, decode::decode_mma_kernel<H, kBf16, kD, kS>) == cudaSuccess &&
             fa.binaryVersion >= 90 && fa.ptxVersion >= 90;
   if (!ok) cudaGetLastError();
   cache[slot].store(ok ? 1 : -1, std::memory_order_release);
@@ -162,7 +162,6 @@ DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant
   plan.prefetch = (variant >> kV2PrefetchShift) & 15;
   plan.refill = (variant & kV2Refill) != 0;
   plan.lean = (variant & kV2Lean) != 0;
-  plan.pre_wait = (variant >> kV2PreWaitShift) & 15;
   const bool want_cluster = (variant & kV2Cluster) != 0;
   auto finish = [&](DecodePlan& pl) {
     pl.cluster = want_cluster && pl.splits == kClusterSplits && cluster(pl.splits);
@@ -206,18 +205,18 @@ DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant
 // that would straddle a page (pages or chunks not multiples of 64 keys), strides no
 // tensor map takes, or a window whose span, widened by the kernel's rounding of its
 // first key down to 64, the chunks do not cover. *err: a failed set-up query.
-template <int H, bool kBf16>
+template <int H, bool kBf16, bool kS = false>
 bool drift_plan(const AttnParams& p, int forced_chunk, int variant, DecodePlan* plan, decode::DecodeTma* tma,
                 cudaError_t* err) {
   if constexpr (H != 128) {
     (void)p, (void)forced_chunk, (void)variant, (void)plan, (void)tma, (void)err;
     return false;
   } else {
-    if (!pdl_ok<H, kBf16, true>()) return false;
-    const int per_sm = resident_ctas<H, kBf16, true>(err);
+    if (!pdl_ok<H, kBf16, true, kS>()) return false;
+    const int per_sm = resident_ctas<H, kBf16, true, kS>(err);
     if (*err != cudaSuccess || per_sm < 0) return false;
     *plan = plan_v2(p, device_sms() * per_sm, forced_chunk, variant,
-                    [](int s) { return cluster_ok<H, kBf16, true>(s); });
+                    [](int s) { return cluster_ok<H, kBf16, true, kS>(s); });
     plan->pdl = (variant & kV2Pdl) != 0;
     const bool paged = p.block_table != nullptr;
     const int nb = paged ? p.num_pages : p.batch, rows = paged ? p.page_size : p.seqlen_k;
@@ -238,7 +237,7 @@ bool drift_plan(const AttnParams& p, int forced_chunk, int variant, DecodePlan* 
 
 // Launches decode_mma_kernel<H, kBf16, kD> on `plan` (and the combine kernel
 // when its chunks merge neither in one CTA nor in a cluster).
-template <int H, bool kBf16, bool kD>
+template <int H, bool kBf16, bool kD, bool kS = false>
 LaunchStatus launch_plan(const AttnParams& p, const DecodePlan& plan, const decode::DecodeTma& tma,
                          cudaStream_t stream) {
   using L = decode::MmaLayout<H, kD>;
@@ -249,11 +248,11 @@ LaunchStatus launch_plan(const AttnParams& p, const DecodePlan& plan, const deco
   if (plan.cluster || plan.pdl) {
     cudaLaunchAttribute attrs[2];
     const cudaLaunchConfig_t cfg = launch_config<H, kD>(grid, plan.cluster ? plan.splits : 1, plan.pdl, stream, attrs);
-    if (cudaError_t e = cudaLaunchKernelEx(&cfg, decode::decode_mma_kernel<H, kBf16, kD>, p, plan, tma);
+    if (cudaError_t e = cudaLaunchKernelEx(&cfg, decode::decode_mma_kernel<H, kBf16, kD, kS>, p, plan, tma);
         e != cudaSuccess)
       return {e, plan.cluster ? "decode_mma_kernel (cluster launch)" : "decode_mma_kernel (programmatic launch)"};
   } else {
-    decode::decode_mma_kernel<H, kBf16, kD><<<grid, L::kThreads, L::kSmemBytes, stream>>>(p, plan, tma);
+    decode::decode_mma_kernel<H, kBf16, kD, kS><<<grid, L::kThreads, L::kSmemBytes, stream>>>(p, plan, tma);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {e, "decode_mma_kernel"};
   }
   if (plan.splits == 1 || plan.cluster) return {};  // (cluster: merged in the kernel)
@@ -278,6 +277,10 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
   decode::DecodeTma tma{};
   if constexpr (H == 128) {  // (the drift loop's layout exists at H=128 only)
     DecodePlan plan{};
+    if ((variant & kV2Drift) && (variant & kV2SwapAB) &&
+        drift_plan<H, kBf16, true>(p, forced_chunk, variant, &plan, &tma, &err))
+      return launch_plan<H, kBf16, true, true>(p, plan, tma, stream);
+    if (err != cudaSuccess) return {err, "decode_mma_kernel (drift loop: shared-memory attribute)"};
     if ((variant & kV2Drift) && drift_plan<H, kBf16>(p, forced_chunk, variant, &plan, &tma, &err))
       return launch_plan<H, kBf16, true>(p, plan, tma, stream);
     if (err != cudaSuccess) return {err, "decode_mma_kernel (drift loop: shared-memory attribute)"};
