@@ -243,10 +243,10 @@ def test_cuda_kernels(monkeypatch, impl, chunk, H, layout):
 # Version 2's loader variants (kV2* bits, cuda/decode/launch_decode.h): the
 # session-3 loader, hoisted lookups, kV2Short, kV2Short with the lean loader,
 # with PDL, the default without the drift loop (the cp.async loop at H=128), the default,
-# the default's drift loop in the usual orientation (without kV2SwapAB).
+# the default's drift loop with A and B swapped (kV2SwapAB).
 V2_VARIANTS = {"old": 0, "hoist": 1, "short": 769, "short_lean": 769 | 4096, "short_pdl": 769 | 2048,
                "default_cpasync": 769 | 4096 | 2048, "default": -1,
-               "default_noswap": 769 | 4096 | 2048 | 8192}
+               "default_swap": 769 | 4096 | 2048 | 8192 | 16384}
 
 
 @gpu
@@ -681,7 +681,7 @@ def test_flax_cache_errors():
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["default", "default_noswap"])
+@pytest.mark.parametrize("variant", ["default", "default_swap"])
 def test_cuda_decode_reads_the_cache_update_before_it(monkeypatch, variant):
     """A jitted step writes each row's next token into a paged cache, then decodes
     with a query that points at that token (its score dominates): the output is the

@@ -90,7 +90,9 @@ constexpr int kV2Drift = 1 << 13;
 // O^T += V^T P^T (decode_mma_kernel<128, *, true, true>), the query rows in n8 tiles:
 // at <= 8 rows per KV head (G * Tq) half the mma and half the rescaled accumulators.
 // H200 checker, same call, against the plain drift loop: B=16 L=4K 85 -> 86%, B=64 L=4K
-// 90 -> 91%, B=16 L=16K 90 -> 90% (perf.md session 42 run 2).
+// 90 -> 91%, B=16 L=16K 90 -> 90% (perf.md session 42 run 2; that build had it behind a
+// macro). Not in kV2Default until it has run through JAX as this runtime bit
+// (build/s42r3.sh; no device was lent for it in session 42).
 constexpr int kV2SwapAB = 1 << 14;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
@@ -109,8 +111,7 @@ constexpr int kV2ShortLong = kV2Short | kV2LongChunks;
 // 81 -> 87%). Since session 17 the kernel reads each tile's V fragments before the
 // softmax (what ptxas had done only in the timeline build): the default reads 90 / 89
 // / 80% at B=64 L=4K / B=16 L=16K / B=16 L=4K in the checker (perf.md, session 17).
-// Since session 42 with the drift loop's swapped orientation (kV2SwapAB).
-constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl | kV2Drift | kV2SwapAB;
+constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl | kV2Drift;
 // Before: kV2Short (session 6; before it kV2Hoist, hoisted
 // page lookups alone: -DJAXATTN_DECODE_V2_VARIANT=kV2Hoist builds that). H200, session 4
 // (scripts/decode_standalone.sh, page 64, shuffled pages, B=64 L=16K): old 58%,

@@ -27,7 +27,7 @@
 //   --quick: a few small cases, no benchmark (for compute-sanitizer).
 //   --fast: check only the default ("v2new"), kV2Short, kV2ShortLong,
 //           kV2Short with PDL / with the lean loader alone, the default
-//           without the drift loop ("v2cpas") and without kV2SwapAB ("v2noswap").
+//           without the drift loop ("v2cpas") and with kV2SwapAB ("v2swap").
 //   --sweep: also time forced split counts on the short rows.
 //   --row B L: bench that issue-9 row only, no check (for a profiler).
 //   --timeline B L: a build with -DJAXATTN_DECODE_TIMELINE only: per variant of
@@ -145,7 +145,7 @@ static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int nu
 // 7 = kV2Short without the cluster merge, 8 = kV2ShortLong, 9 = kV2Short with
 // programmatic dependent launch (kV2Pdl), 10 = kV2Short with the lean loader
 // (kV2Lean), 11 = the default without the drift loop (the cp.async loop at H=128),
-// 12 = the default without kV2SwapAB (the drift loop in the usual orientation).
+// 12 = the default with kV2SwapAB (the drift loop with A and B swapped).
 // The default (kV2Default) is kV2Short | kV2Lean | kV2Pdl | kV2Drift.
 constexpr int kShortNoCluster = jc::kV2Short & ~jc::kV2Cluster;
 static const char* kernel_name(int kernel) {
@@ -160,7 +160,7 @@ static const char* kernel_name(int kernel) {
     case 9: return "v2pdl";
     case 10: return "v2lean";
     case 11: return "v2cpas";
-    case 12: return "v2noswap";
+    case 12: return "v2swap";
     default: return "v2";
   }
 }
@@ -178,7 +178,7 @@ static jaxattn::cuda::LaunchStatus run_kernel(const AttnParams& p, int kernel, i
     case 9: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short | jc::kV2Pdl);
     case 10: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kV2Short | jc::kV2Lean);
     case 11: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant & ~jc::kV2Drift);
-    case 12: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant & ~jc::kV2SwapAB);
+    case 12: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant | jc::kV2SwapAB);
     default: return jc::decode_fwd(p, nullptr, 2, chunk);
   }
 }
@@ -439,7 +439,7 @@ static void bench(double peak) {
                       {"short", jc::kV2Short, 0},
                       {"default identity", def, 2},
                       {"default + refill", def | jc::kV2Refill, 0},
-                      {"default, no swap-AB", def & ~jc::kV2SwapAB, 0},
+                      {"default + swap-AB", def | jc::kV2SwapAB, 0},
                       {"default contig", def, 1},
                       {"short contig", jc::kV2Short, 1},
                       {"hoist (session-5 default)", jc::kV2Hoist, 0}};
