@@ -156,6 +156,19 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Max / sum over the 8 lanes that share lane % 4 (the rows of an mma fragment
+// column: lanes t, t + 4, ..., t + 28), result in all of them.
+__device__ __forceinline__ float column_max(float x) {
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float column_sum(float x) {
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
 // Sum over the 32 lanes of a warp, result in all of them.
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll

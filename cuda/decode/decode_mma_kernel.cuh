@@ -635,10 +635,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
               const bool ok = sw_ok[nt][e] && j < j_end && j <= sw_pos[nt][e] && (wl < 0 || j >= sw_pos[nt][e] - wl);
               x[hk] = ok ? v : -INFINITY;
             }
-            float mx = fmaxf(x[0], x[1]);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            const float mx = ptx::column_max(fmaxf(x[0], x[1]));
             const float m_new = fmaxf(sw_m[nt][e], mx);
             const float m_use = m_new == -INFINITY ? 0.f : m_new;
             const float alpha = ptx::exp2_approx(sw_m[nt][e] - m_use);
@@ -806,10 +803,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float lsum = sw_l[nt][e];
-          lsum += __shfl_xor_sync(0xffffffffu, lsum, 4);
-          lsum += __shfl_xor_sync(0xffffffffu, lsum, 8);
-          lsum += __shfl_xor_sync(0xffffffffu, lsum, 16);
+          const float lsum = ptx::column_sum(sw_l[nt][e]);
           const int r = nt * 8 + 2 * t4 + e;
           if (g == 0) {
             red_m[warp * L::kRows + r] = sw_m[nt][e];

@@ -277,13 +277,14 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
   decode::DecodeTma tma{};
   if constexpr (H == 128) {  // (the drift loop's layout exists at H=128 only)
     DecodePlan plan{};
-    if ((variant & kV2Drift) && (variant & kV2SwapAB) &&
-        drift_plan<H, kBf16, true>(p, forced_chunk, variant, &plan, &tma, &err))
-      return launch_plan<H, kBf16, true, true>(p, plan, tma, stream);
-    if (err != cudaSuccess) return {err, "decode_mma_kernel (drift loop: shared-memory attribute)"};
-    if ((variant & kV2Drift) && drift_plan<H, kBf16>(p, forced_chunk, variant, &plan, &tma, &err))
-      return launch_plan<H, kBf16, true>(p, plan, tma, stream);
-    if (err != cudaSuccess) return {err, "decode_mma_kernel (drift loop: shared-memory attribute)"};
+    if (variant & kV2Drift) {  // the drift loop's instance: swapped (kV2SwapAB) or not
+      const bool swap = (variant & kV2SwapAB) != 0;
+      if (swap ? drift_plan<H, kBf16, true>(p, forced_chunk, variant, &plan, &tma, &err)
+               : drift_plan<H, kBf16>(p, forced_chunk, variant, &plan, &tma, &err))
+        return swap ? launch_plan<H, kBf16, true, true>(p, plan, tma, stream)
+                    : launch_plan<H, kBf16, true>(p, plan, tma, stream);
+      if (err != cudaSuccess) return {err, "decode_mma_kernel (drift loop: shared-memory attribute)"};
+    }
   }
   int per_sm = 0;
   const DecodePlan plan = cpasync_plan<H, kBf16>(p, forced_chunk, variant, &per_sm, &err);
