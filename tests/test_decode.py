@@ -243,10 +243,12 @@ def test_cuda_kernels(monkeypatch, impl, chunk, H, layout):
 # Version 2's loader variants (kV2* bits, cuda/decode/launch_decode.h): the
 # session-3 loader, hoisted lookups, kV2Short, kV2Short with the lean loader,
 # with PDL, the default without the drift loop (the cp.async loop at H=128), the default,
-# the default's drift loop with A and B swapped (kV2SwapAB).
+# the default's drift loop with A and B swapped (kV2SwapAB), the default with the
+# register-streaming loop (kV2Regs; the drift loop where it cannot run).
 V2_VARIANTS = {"old": 0, "hoist": 1, "short": 769, "short_lean": 769 | 4096, "short_pdl": 769 | 2048,
                "default_cpasync": 769 | 4096 | 2048, "default": -1,
-               "default_swap": 769 | 4096 | 2048 | 8192 | 16384}
+               "default_swap": 769 | 4096 | 2048 | 8192 | 16384,
+               "default_regs": 769 | 4096 | 2048 | 8192 | 32768}
 
 
 @gpu
@@ -268,9 +270,73 @@ def test_cuda_v2_variants(monkeypatch, variant, layout):
         check("cuda_v2", *case, jnp.bfloat16, local_window_size=300)
 
 
+# The register loop (kV2Regs, H=128): G * Tq <= 8 query rows per KV head run it, more
+# fall back to the drift loop; (N, K, Tq) with 1, 4, 8 and 16 rows.
+REG_GROUPS = [(8, 8, 1), (32, 8, 1), (8, 1, 1), (8, 2, 2), (16, 2, 2)]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", ["auto", "chunk80"])
+@pytest.mark.parametrize("layout", [None, 16, 48, 64, 256], ids=["contiguous", "page16", "page48", "page64",
+                                                               "page256"])
+def test_cuda_register_loop(monkeypatch, chunk, layout):
+    """kV2Regs against the float64 reference: every page size (a 16-key group in one
+    page), a contiguous capacity that is no multiple of 16 (the last group's rows past
+    the cache are not read), ragged rows, forced 80-key chunks (a chunk ends inside a
+    group), 1-16 query rows per KV head, bf16 / fp16, windows and soft caps."""
+    monkeypatch.setenv("JAXATTN_CUDA_DECODE_VARIANT", str(V2_VARIANTS["default_regs"]))
+    if chunk != "auto":
+        monkeypatch.setenv("JAXATTN_CUDA_DECODE_CHUNK", "80")
+    capacity = 4 * layout if layout else 293
+    with jax.default_device(device_for("cuda")):
+        for i, (N, K, T) in enumerate(REG_GROUPS):
+            dtype = (jnp.bfloat16, jnp.float16)[i % 2]
+            lengths = np.random.default_rng(i).integers(1, capacity + 1, 5)
+            lengths[:3] = [capacity, 1, T + 1]
+            case = make_case(5, T, N, K, 128, capacity, dtype, page_size=layout, seed=300 + i, lengths=lengths)
+            check("cuda_v2", *case, dtype)
+            check("cuda_v2", *case, dtype, local_window_size=37 + 16 * i, logits_soft_cap=5.0)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["default", "default_cpasync", "default_regs"])
+@pytest.mark.parametrize("layout", [None, 64], ids=["contiguous", "page64"])
+def test_cuda_cache_rows_past_the_length_never_reach_the_output(monkeypatch, variant, layout):
+    """Cache rows a row does not see (past its length, in pages it does not use) may
+    hold anything, NaN included: version 2's loops zero the V rows they load but must
+    not use, so no NaN reaches the output (P = 0 times NaN would)."""
+    if variant != "default":
+        monkeypatch.setenv("JAXATTN_CUDA_DECODE_VARIANT", str(V2_VARIANTS[variant]))
+    capacity = 4 * (layout or 80)
+    lengths = np.array([capacity, 1, 70, 2 * 64 + 5])
+    with jax.default_device(device_for("cuda")):
+        q, k, v, L, table = make_case(4, 1, 32, 8, 128, capacity, jnp.bfloat16, page_size=layout, seed=5,
+                                      lengths=lengths)
+        k64, v64 = np.asarray(k.astype(jnp.float32)), np.asarray(v.astype(jnp.float32))
+        if table is None:
+            for b, n in enumerate(lengths):
+                k64[b, n:], v64[b, n:] = np.nan, np.nan
+        else:
+            used = np.zeros(k64.shape[:2], bool)
+            for b, n in enumerate(lengths):
+                for j in range(n):
+                    used[table[b, j // layout], j % layout] = True
+            k64[~used], v64[~used] = np.nan, np.nan
+        kn, vn = jnp.asarray(k64, jnp.bfloat16), jnp.asarray(v64, jnp.bfloat16)
+        for window in (None, 100):
+            got = jaxattn.decode_attention(q, kn, vn, kv_lengths=L, block_table=table, local_window_size=window,
+                                           implementation="cuda_v2")
+            want = jaxattn.decode_attention(q, k, v, kv_lengths=L, block_table=table, local_window_size=window,
+                                            implementation="cuda_v2")
+            assert np.isfinite(np.asarray(got, np.float32)).all()
+            np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
 @pytest.mark.parametrize("impl", CUDA)
 @pytest.mark.parametrize("knob, bad_values", [("JAXATTN_CUDA_DECODE_CHUNK", ("-1", "9000", "x")),
-                                              ("JAXATTN_CUDA_DECODE_VARIANT", ("-2", str(1 << 15), "x"))],
+                                              ("JAXATTN_CUDA_DECODE_VARIANT", ("-2", str(1 << 16), "x"))],
                          ids=["chunk", "variant"])
 def test_cuda_bad_knob(monkeypatch, impl, knob, bad_values):
     """The test knobs (forced chunk, loader variant) are checked at trace time."""
@@ -681,7 +747,7 @@ def test_flax_cache_errors():
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["default", "default_swap"])
+@pytest.mark.parametrize("variant", ["default", "default_swap", "default_regs"])
 def test_cuda_decode_reads_the_cache_update_before_it(monkeypatch, variant):
     """A jitted step writes each row's next token into a paged cache, then decodes
     with a query that points at that token (its score dominates): the output is the

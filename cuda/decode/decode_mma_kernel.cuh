@@ -39,12 +39,17 @@
 // (kStages - 1 without it: the stage freed by tile t - 1 is refilled only
 // after tile t has landed).
 //
-// decode_mma_kernel<128, kBf16, true> (kV2Drift, the H=128 default where
+// decode_mma_kernel<128, kBf16, kLoopDrift> (kV2Drift, the H=128 default where
 // launch_decode_v2.cu's drift_plan allows it; session 20): the drift loop
-// (MmaLayout<128, true>). One CTA per SM, tiles loaded by a producer warp with
+// (MmaLayout<128, kLoopDrift>). One CTA per SM, tiles loaded by a producer warp with
 // TMA boxes onto full / empty mbarriers per stage, two groups of 4 consumer warps
 // on alternate tiles and no CTA barrier in the loop; prologue, softmax
 // (decode_softmax_tile.inc), warp merge and epilogue are the cp.async loop's.
+//
+// decode_mma_kernel<128, kBf16, kLoopRegs> (kV2Regs, session 43; off by default):
+// the register-streaming loop (decode_reg_loop.cuh): 8 warps, each loading its own
+// 16-key groups of K and V into registers, at most 8 query rows per KV head; the
+// prologue, warp merge and epilogue are the others'.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a header type)
@@ -55,14 +60,19 @@
 #define JAXATTN_DECODE_DRIFT_ON 1  // the drift loop is compiled in (sm_90 code)
 #endif
 #include "decode/decode_common.cuh"
+#include "decode/decode_reg_loop.cuh"
 #include "sm80/smem_tile.cuh"
 
 namespace jaxattn::cuda::decode {
 
+// The kernel's main loops (its third template parameter): the cp.async ring, the
+// drift loop (kV2Drift) and the register-streaming loop (kV2Regs, decode_reg_loop.cuh).
+enum : int { kLoopCpAsync = 0, kLoopDrift = 1, kLoopRegs = 2 };
+
 // Tile shape and ring depth per head dim: >= 2 CTAs per SM where shared
-// memory allows, ~64 KB+ of loads in flight per SM. kDriftLoop: the drift
-// loop's layout (below; H=128 only).
-template <int H, bool kDriftLoop = false>
+// memory allows, ~64 KB+ of loads in flight per SM. kLoop: the drift loop's or the
+// register loop's layout (below; H=128 only).
+template <int H, int kLoop = kLoopCpAsync>
 struct MmaConfig;
 template <>
 struct MmaConfig<64> {
@@ -85,21 +95,26 @@ struct MmaConfig<128> {
 #define JAXATTN_EXP_DECODE_DRIFT_GROUPS 2
 #endif
 template <>
-struct MmaConfig<128, true> {
+struct MmaConfig<128, kLoopDrift> {
   static constexpr int kBlockN = 64, kStages = JAXATTN_EXP_DECODE_DRIFT_STAGES,
                        kGroups = JAXATTN_EXP_DECODE_DRIFT_GROUPS;
+};
+// The register loop: kRegWarps warps of 16 keys a round, no ring (kStages unused).
+template <>
+struct MmaConfig<128, kLoopRegs> {
+  static constexpr int kBlockN = kRegWarps * kRegGroupKeys, kStages = 1, kGroups = 1;
 };
 template <>
 struct MmaConfig<256> {
   static constexpr int kBlockN = 32, kStages = 3, kGroups = 1;
 };
 
-template <int H, bool kDriftLoop = false>
+template <int H, int kLoop = kLoopCpAsync>
 struct MmaLayout {
-  using Config = MmaConfig<H, kDriftLoop>;
+  using Config = MmaConfig<H, kLoop>;
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int kStages = Config::kStages;
-  // The drift loop (kDriftLoop; H=128, sm_90; the short rows' default since session
+  // The drift loop (kLoopDrift; H=128, sm_90; the short rows' default since session
   // 20): one CTA per SM; kGroups groups of kBlockN / 16 consumer warps take alternate
   // tiles (group g: tiles g, g + kGroups, ...), each warp 16 keys of a tile, with no
   // CTA-wide barrier in the loop: one producer warp loads each tile with two TMA
@@ -108,7 +123,8 @@ struct MmaLayout {
   // meet at a barrier every tile is compute-bound (session 19 runs 4-5: 56-73%);
   // here the two groups drift apart, as two CTAs per SM do.
   static constexpr int kGroups = Config::kGroups;
-  static constexpr bool kDrift = kDriftLoop;
+  static constexpr bool kDrift = kLoop == kLoopDrift;
+  static constexpr bool kRegs = kLoop == kLoopRegs;  // (no ring: K / V stay in registers)
   // Each group must see its own stages in order (stage = tile % kStages): with an
   // odd ring, a group could pass a stage's parity wait one phase early.
   static_assert(kStages % kGroups == 0, "drift ring depth: a multiple of the groups");
@@ -130,7 +146,8 @@ struct MmaLayout {
   static constexpr int kTmaStageBytes = 2 * kTmaTileBytes;
   // Shared memory: the K/V ring, or (after the loop) the warps' partial
   // results; then Q and the chunk's page ids (and the drift loop's mbarriers).
-  static constexpr int kRingBytes = kDrift ? kStages * kTmaStageBytes + 1024 : kStages * 2 * kTileElems * 2;
+  static constexpr int kRingBytes =
+      kRegs ? 0 : kDrift ? kStages * kTmaStageBytes + 1024 : kStages * 2 * kTileElems * 2;
   static constexpr int kMergeBytes = kWarps * kRows * (H + 4) * 4 + 2 * kWarps * kRows * 4 + kRows * 4;
   // plan.cluster: after the merge buffers, the CTA's normalised partial output
   // [kRows][H] and logsumexp [kRows] (read by the cluster's other CTAs), and
@@ -196,11 +213,11 @@ __device__ DecodeTimeline g_decode_timeline;
 #endif
 
 // kSwap (the drift loop only; kV2SwapAB): S^T = K Q^T and O^T += V^T P^T (below).
-template <int H, bool kBf16, bool kDriftLoop = false, bool kSwap = false>
-__global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
+template <int H, bool kBf16, int kLoop = kLoopCpAsync, bool kSwap = false>
+__global__ void __launch_bounds__(MmaLayout<H, kLoop>::kThreads)
     decode_mma_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan,
                       const __grid_constant__ DecodeTma tma) {
-  using L = MmaLayout<H, kDriftLoop>;
+  using L = MmaLayout<H, kLoop>;
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   constexpr int kBlockN = L::kBlockN, kStages = L::kStages, kPitch = L::kPitch, kThreads = L::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -238,7 +255,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   // past the chunk's pages are read too (inside row b of the table, clamped) and never
   // used. (The cp.async loop keeps its query load below: sharing one lambda changed
   // every kernel's SASS.)
-  constexpr bool early_q = L::kDrift;
+  constexpr bool early_q = L::kDrift || L::kRegs;
   constexpr int kEarlyQ = (L::kRows * L::kChunksPerRow + kThreads - 1) / kThreads;  // uint4 per thread
   uint4 early_qv[kEarlyQ];
 #pragma unroll
@@ -251,7 +268,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
                                                      i_q * p.q_row_stride + n * p.q_head_stride + col);
     }
   }
-  const bool early_pages = L::kDrift && paged && split == 0 && p.window_left < 0;
+  const bool early_pages = (L::kDrift || L::kRegs) && paged && split == 0 && p.window_left < 0;
   constexpr int kEarlyIds = (kMaxChunkPages + kThreads - 1) / kThreads;  // ids per thread, at most
   int32_t early_id[kEarlyIds];
 #pragma unroll
@@ -281,6 +298,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   // [lo / 64 * 64, lo) are read too, masked by the window (their V rows zeroed).
   [[maybe_unused]] const int lo_keys = lo;
   if constexpr (L::kDrift) lo = lo / 64 * 64;
+  if constexpr (L::kRegs) lo = lo / kRegGroupKeys * kRegGroupKeys;  // (the register loop's 16-key groups)
   int chunk = plan.chunk;
   if (plan.adaptive) {
     const int per = (len - lo + plan.splits - 1) / plan.splits;
@@ -505,7 +523,12 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   const uint32_t v_lane =
       ptx::smem_addr(ring) + (L::kTileElems + warp * 16 * kPitch) * 2 + sm80::lane_offset_a<kPitch>(lane);
 
-  if constexpr (L::kDrift) {
+  [[maybe_unused]] RegLoopAcc<H> reg_acc;
+  if constexpr (L::kRegs) {
+    const RegLoopArgs args{kcache, vcache, pages_s, q_s, kPitch, b, page0, j_begin, j_end, lo_keys, len, T, G, r0,
+                           rows_here};
+    reg_loop<H, Elem>(p, args, reg_acc);
+  } else if constexpr (L::kDrift) {
 #ifdef JAXATTN_DECODE_DRIFT_ON
     // The drift loop (MmaLayout). Producer warp: lane 0 loads tile t into stage
     // t % kStages (two 5D TMA boxes, K and V, onto full[stage]) once the group that
@@ -797,7 +820,27 @@ __global__ void __launch_bounds__(MmaLayout<H, kDriftLoop>::kThreads)
   float* red_m = red_o + L::kWarps * L::kRows * (H + 4);
   float* red_l = red_m + L::kWarps * L::kRows;
   float* row_lse = red_l + L::kWarps * L::kRows;  // [kRows]: the row's logsumexp (log2)
-  if constexpr (L::kDrift && kSwap) {
+  if constexpr (L::kRegs) {
+    // Rows 2 t4 + e (rows 8-15 of the merge buffers stay unwritten: the loop takes at
+    // most 8 rows, and only rows below rows_here are read back).
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float lsum = ptx::column_sum(reg_acc.l[e]);
+      const int r = 2 * t4 + e;
+      if (g == 0) {
+        red_m[warp * L::kRows + r] = reg_acc.m[e];
+        red_l[warp * L::kRows + r] = lsum;
+      }
+      float* dst = red_o + (warp * L::kRows + r) * (H + 4);
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int h4 = 0; h4 < 2; ++h4)
+          *reinterpret_cast<float4*>(dst + 64 * c + 8 * g + 4 * h4) =
+              make_float4(reg_acc.o[4 * h4][2 * c + e], reg_acc.o[4 * h4 + 1][2 * c + e],
+                          reg_acc.o[4 * h4 + 2][2 * c + e], reg_acc.o[4 * h4 + 3][2 * c + e]);
+    }
+  } else if constexpr (L::kDrift && kSwap) {
     if (warp < L::kWarps) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)

@@ -39,7 +39,7 @@ int decode_max_splits(int capacity, int forced_chunk = 0);
 // below kV2VariantEnd (tests and benchmarks: a same-run A/B through JAX).
 LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version = 1, int forced_chunk = 0,
                         int variant = -1);
-constexpr int kV2VariantEnd = 1 << 15;
+constexpr int kV2VariantEnd = 1 << 16;
 
 // Loader variants of version 2 (bits; decode_check measures them side by
 // side). kV2Hoist: a tile's page ids are read once per tile (two shared-memory
@@ -94,6 +94,14 @@ constexpr int kV2Drift = 1 << 13;
 // macro). Not in kV2Default until it has run through JAX as this runtime bit
 // (build/s42r3.sh; no device was lent for it in session 42).
 constexpr int kV2SwapAB = 1 << 14;
+// kV2Regs (H=128, at most 8 query rows per KV head; session 43): the register-streaming
+// loop (decode_reg_loop.cuh; decode_mma_kernel<128, *, kLoopRegs>): 8 warps, each
+// loading its own 16-key groups of K and V straight into registers (two groups in
+// flight), no shared-memory ring and no barrier in the loop, swapped orientation.
+// Taken before kV2Drift where its plan allows (launch_decode_v2.cu, reg_plan).
+// Written without a GPU: not in kV2Default until it has passed the tests and been
+// measured on one.
+constexpr int kV2Regs = 1 << 15;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 // kV2Short: the short-context candidate for the default (H200 run 1 of the

@@ -23,7 +23,7 @@ constexpr int kRowsPerCta = decode::MmaLayout<64>::kRows;
 // ~110 KB per block: version 1 runs instead); the first call per device also
 // raises the kernel's dynamic shared-memory limit there. No synchronisation
 // (attribute and occupancy queries only).
-template <int H, bool kBf16, bool kD = false, bool kS = false>
+template <int H, bool kBf16, int kD = decode::kLoopCpAsync, bool kS = false>
 int resident_ctas(cudaError_t* err) {
   static std::atomic<int> cache[kMaxDevices];  // 0 = not set up yet
   int dev = 0;
@@ -50,7 +50,7 @@ int resident_ctas(cudaError_t* err) {
 // The launch configuration of decode_mma_kernel<H, *, kD> on `grid`: in clusters of
 // `splits` CTAs along x when splits > 1, with programmatic stream serialization
 // when pdl (`attrs` holds the attributes the config points to).
-template <int H, bool kD = false>
+template <int H, int kD = decode::kLoopCpAsync>
 cudaLaunchConfig_t launch_config(dim3 grid, int splits, bool pdl, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
   using L = decode::MmaLayout<H, kD>;
   cudaLaunchConfig_t cfg{};
@@ -82,7 +82,7 @@ cudaLaunchConfig_t launch_config(dim3 grid, int splits, bool pdl, cudaStream_t s
 // (its PTX version: a build without sm_90 code JIT-compiles the sm_80 PTX,
 // which has no cluster code), and at least one such cluster resident at once.
 // Queried once per device and cluster size. Call after resident_ctas.
-template <int H, bool kBf16, bool kD = false, bool kS = false>
+template <int H, bool kBf16, int kD = decode::kLoopCpAsync, bool kS = false>
 bool cluster_ok(int splits) {
   if (splits < 2 || splits > decode::kMaxClusterSplits) return false;
   static std::atomic<int> cache[kMaxDevices][decode::kMaxClusterSplits + 1];  // 0 unknown, 1 yes, -1 no
@@ -113,7 +113,7 @@ bool cluster_ok(int splits) {
 // stream serialization (kV2Pdl): its code on this device was compiled for
 // sm_90+ (binary and PTX), where it waits for the previous grid itself
 // (griddepcontrol.wait; compiled out below sm_90). Queried once per device.
-template <int H, bool kBf16, bool kD = false, bool kS = false>
+template <int H, bool kBf16, int kD = decode::kLoopCpAsync, bool kS = false>
 bool pdl_ok() {
   static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 yes, -1 no
   int dev = 0;
@@ -212,17 +212,17 @@ bool drift_plan(const AttnParams& p, int forced_chunk, int variant, DecodePlan* 
     (void)p, (void)forced_chunk, (void)variant, (void)plan, (void)tma, (void)err;
     return false;
   } else {
-    if (!pdl_ok<H, kBf16, true, kS>()) return false;
-    const int per_sm = resident_ctas<H, kBf16, true, kS>(err);
+    if (!pdl_ok<H, kBf16, decode::kLoopDrift, kS>()) return false;
+    const int per_sm = resident_ctas<H, kBf16, decode::kLoopDrift, kS>(err);
     if (*err != cudaSuccess || per_sm < 0) return false;
     *plan = plan_v2(p, device_sms() * per_sm, forced_chunk, variant,
-                    [](int s) { return cluster_ok<H, kBf16, true, kS>(s); });
+                    [](int s) { return cluster_ok<H, kBf16, decode::kLoopDrift, kS>(s); });
     plan->pdl = (variant & kV2Pdl) != 0;
     const bool paged = p.block_table != nullptr;
     const int nb = paged ? p.num_pages : p.batch, rows = paged ? p.page_size : p.seqlen_k;
     // A tensor map of the K or V cache, when its strides allow one.
     auto map = [&](CUtensorMap* m, const void* base, int64_t bs, int64_t rs, int64_t hs) {
-      using L = decode::MmaLayout<H, true>;
+      using L = decode::MmaLayout<H, decode::kLoopDrift>;
       return sm90::tmap_bshd_ok(base, nb, rows, p.num_heads_k, bs, rs, hs) &&
              sm90::make_tmap_bshd(m, base, p.dtype, nb, rows, p.num_heads_k, H, bs, rs, hs, L::kBlockN, H / 64) ==
                  cudaSuccess;
@@ -235,9 +235,33 @@ bool drift_plan(const AttnParams& p, int forced_chunk, int variant, DecodePlan* 
   }
 }
 
+// The register loop's plan for `p` (H=128, kV2Regs), or false when it cannot run
+// this call: more than kRegMaxRows query rows per KV head, chunks not multiples of
+// its 16-key groups (a forced chunk), a window whose span, widened by the kernel's
+// rounding of its first key down to 16, the chunks do not cover, or a CTA that does
+// not fit the device. *err: a failed set-up query.
+template <int H, bool kBf16>
+bool reg_plan(const AttnParams& p, int forced_chunk, int variant, DecodePlan* plan, cudaError_t* err) {
+  if constexpr (H != 128) {
+    (void)p, (void)forced_chunk, (void)variant, (void)plan, (void)err;
+    return false;
+  } else {
+    constexpr int kG = decode::kRegGroupKeys;
+    if (p.seqlen_q * (p.num_heads / p.num_heads_k) > decode::kRegMaxRows) return false;
+    const int per_sm = resident_ctas<H, kBf16, decode::kLoopRegs>(err);
+    if (*err != cudaSuccess || per_sm < 0) return false;
+    *plan = plan_v2(p, device_sms() * per_sm, forced_chunk, variant,
+                    [](int s) { return cluster_ok<H, kBf16, decode::kLoopRegs>(s); });
+    plan->pdl = (variant & kV2Pdl) != 0 && pdl_ok<H, kBf16, decode::kLoopRegs>();
+    const int64_t widened = std::min<int64_t>(p.seqlen_k, decode::key_span(p) + kG - 1);
+    const bool covered = p.window_left < 0 || int64_t(plan->splits) * plan->chunk >= widened;
+    return covered && plan->chunk % kG == 0;
+  }
+}
+
 // Launches decode_mma_kernel<H, kBf16, kD> on `plan` (and the combine kernel
 // when its chunks merge neither in one CTA nor in a cluster).
-template <int H, bool kBf16, bool kD, bool kS = false>
+template <int H, bool kBf16, int kD, bool kS = false>
 LaunchStatus launch_plan(const AttnParams& p, const DecodePlan& plan, const decode::DecodeTma& tma,
                          cudaStream_t stream) {
   using L = decode::MmaLayout<H, kD>;
@@ -275,14 +299,19 @@ template <int H, bool kBf16>
 LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, int variant) {
   cudaError_t err = cudaSuccess;
   decode::DecodeTma tma{};
-  if constexpr (H == 128) {  // (the drift loop's layout exists at H=128 only)
+  if constexpr (H == 128) {  // (the drift and register loops' layouts exist at H=128 only)
     DecodePlan plan{};
+    if (variant & kV2Regs) {
+      if (reg_plan<H, kBf16>(p, forced_chunk, variant, &plan, &err))
+        return launch_plan<H, kBf16, decode::kLoopRegs>(p, plan, tma, stream);
+      if (err != cudaSuccess) return {err, "decode_mma_kernel (register loop: shared-memory attribute)"};
+    }
     if (variant & kV2Drift) {  // the drift loop's instance: swapped (kV2SwapAB) or not
       const bool swap = (variant & kV2SwapAB) != 0;
       if (swap ? drift_plan<H, kBf16, true>(p, forced_chunk, variant, &plan, &tma, &err)
                : drift_plan<H, kBf16>(p, forced_chunk, variant, &plan, &tma, &err))
-        return swap ? launch_plan<H, kBf16, true, true>(p, plan, tma, stream)
-                    : launch_plan<H, kBf16, true>(p, plan, tma, stream);
+        return swap ? launch_plan<H, kBf16, decode::kLoopDrift, true>(p, plan, tma, stream)
+                    : launch_plan<H, kBf16, decode::kLoopDrift>(p, plan, tma, stream);
       if (err != cudaSuccess) return {err, "decode_mma_kernel (drift loop: shared-memory attribute)"};
     }
   }
@@ -290,7 +319,7 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
   const DecodePlan plan = cpasync_plan<H, kBf16>(p, forced_chunk, variant, &per_sm, &err);
   if (err != cudaSuccess) return {err, "decode_mma_kernel (shared-memory attribute)"};
   if (per_sm < 0) return decode_fwd_v1(p, stream, forced_chunk);  // too little shared memory here
-  return launch_plan<H, kBf16, false>(p, plan, tma, stream);
+  return launch_plan<H, kBf16, decode::kLoopCpAsync>(p, plan, tma, stream);
 }
 
 template <bool kBf16>
@@ -308,7 +337,8 @@ int plan_splits(const AttnParams& p, int forced_chunk, int variant, bool* cluste
   DecodePlan plan{};
   decode::DecodeTma tma{};
   int per_sm = 0;
-  if (!((variant & kV2Drift) && drift_plan<H, kBf16>(p, forced_chunk, variant, &plan, &tma, &err))) {
+  const bool regs = (variant & kV2Regs) && reg_plan<H, kBf16>(p, forced_chunk, variant, &plan, &err);
+  if (!regs && !((variant & kV2Drift) && drift_plan<H, kBf16>(p, forced_chunk, variant, &plan, &tma, &err))) {
     err = cudaSuccess;
     plan = cpasync_plan<H, kBf16>(p, forced_chunk, variant, &per_sm, &err);
     if (err != cudaSuccess || per_sm < 0) return 0;
