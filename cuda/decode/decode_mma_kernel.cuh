@@ -61,6 +61,7 @@
 #endif
 #include "decode/decode_common.cuh"
 #include "decode/decode_reg_loop.cuh"
+#include "decode/decode_swap_softmax.cuh"
 #include "sm80/smem_tile.cuh"
 
 namespace jaxattn::cuda::decode {
@@ -647,37 +648,15 @@ __global__ void __launch_bounds__(MmaLayout<H, kLoop>::kThreads)
         for (int nt = 0; nt < 2; ++nt) {
           if (nt == 1 && !two) break;
           uint32_t pt[2];
+          swap_softmax<Elem>(st_acc[nt], sw_m[nt], sw_l[nt], sw_ok[nt], sw_pos[nt], jw, j_end, wl, qk_scale, cap, g,
+                             [&](int e, float alpha) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float x[2];
-#pragma unroll
-            for (int hk = 0; hk < 2; ++hk) {
-              const int j = jw + g + 8 * hk;
-              float v = st_acc[nt][2 * hk + e] * qk_scale;
-              if (cap > 0.f) v = cap * kLog2e * tanhf(v * (kLn2 / cap));
-              const bool ok = sw_ok[nt][e] && j < j_end && j <= sw_pos[nt][e] && (wl < 0 || j >= sw_pos[nt][e] - wl);
-              x[hk] = ok ? v : -INFINITY;
-            }
-            const float mx = ptx::column_max(fmaxf(x[0], x[1]));
-            const float m_new = fmaxf(sw_m[nt][e], mx);
-            const float m_use = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = ptx::exp2_approx(sw_m[nt][e] - m_use);
-            sw_m[nt][e] = m_new;
-            x[0] = ptx::exp2_approx(x[0] - m_use);
-            x[1] = ptx::exp2_approx(x[1] - m_use);
-            sw_l[nt][e] = sw_l[nt][e] * alpha + x[0] + x[1];
-#pragma unroll
-            for (int mt = 0; mt < H / 16; ++mt) {
-              ot_acc[mt][nt][e] *= alpha;
-              ot_acc[mt][nt][2 + e] *= alpha;
-            }
-            st_acc[nt][e] = x[0];
-            st_acc[nt][2 + e] = x[1];
-          }
-          // P^T as the B operand: the S^T fragment (row key, columns query rows), packed
-          // and transposed per 8x8 block.
-          pt[0] = ptx::movmatrix_trans(ptx::pack2<Elem>(st_acc[nt][0], st_acc[nt][1]));
-          pt[1] = ptx::movmatrix_trans(ptx::pack2<Elem>(st_acc[nt][2], st_acc[nt][3]));
+                               for (int mt = 0; mt < H / 16; ++mt) {
+                                 ot_acc[mt][nt][e] *= alpha;
+                                 ot_acc[mt][nt][2 + e] *= alpha;
+                               }
+                             },
+                             pt);
 #pragma unroll
           for (int mt = 0; mt < H / 16; ++mt) ptx::mma_16816<Elem>(ot_acc[mt][nt], vt_frag[mt], pt[0], pt[1]);
         }

@@ -34,6 +34,7 @@
 
 #include "common/ptx.h"
 #include "decode/decode_common.cuh"
+#include "decode/decode_swap_softmax.cuh"
 
 namespace jaxattn::cuda::decode {
 
@@ -150,38 +151,16 @@ __device__ __forceinline__ void reg_loop(const AttnParams& p, const RegLoopArgs&
                               word(r.k[1][c], w + 1)};
       ptx::mma_16816<Elem>(s, af, word(qv[c], w), word(qv[c], w + 1));
     }
-    // Online softmax per query row 2 t4 + e (keys jg + g and jg + g + 8 in this lane,
-    // the row's other keys in the lanes of the same t4).
+    uint32_t pt[2];  // P^T (keys 2 t4, 2 t4 + 1 | 2 t4 + 8, 2 t4 + 9 of query row g)
+    swap_softmax<Elem>(s, acc.m, acc.l, row_ok, pos, jg, a.j_end, wl, qk_scale, cap, g,
+                       [&](int e, float alpha) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float x[2];
-#pragma unroll
-      for (int hk = 0; hk < 2; ++hk) {
-        const int j = jg + g + 8 * hk;
-        float v = s[2 * hk + e] * qk_scale;
-        if (cap > 0.f) v = cap * kLog2e * tanhf(v * (kLn2 / cap));
-        const bool ok = row_ok[e] && j < a.j_end && j <= pos[e] && (wl < 0 || j >= pos[e] - wl);
-        x[hk] = ok ? v : -INFINITY;
-      }
-      const float mx = ptx::column_max(fmaxf(x[0], x[1]));
-      const float m_new = fmaxf(acc.m[e], mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = ptx::exp2_approx(acc.m[e] - m_use);
-      acc.m[e] = m_new;
-      x[0] = ptx::exp2_approx(x[0] - m_use);
-      x[1] = ptx::exp2_approx(x[1] - m_use);
-      acc.l[e] = acc.l[e] * alpha + x[0] + x[1];
-#pragma unroll
-      for (int mt = 0; mt < H / 16; ++mt) {
-        acc.o[mt][e] *= alpha;
-        acc.o[mt][2 + e] *= alpha;
-      }
-      s[e] = x[0];
-      s[2 + e] = x[1];
-    }
-    // P^T as the B operand (keys 2 t4, 2 t4 + 1 | 2 t4 + 8, 2 t4 + 9 of query row g).
-    const uint32_t pt0 = ptx::movmatrix_trans(ptx::pack2<Elem>(s[0], s[1]));
-    const uint32_t pt1 = ptx::movmatrix_trans(ptx::pack2<Elem>(s[2], s[3]));
+                         for (int mt = 0; mt < H / 16; ++mt) {
+                           acc.o[mt][e] *= alpha;
+                           acc.o[mt][2 + e] *= alpha;
+                         }
+                       },
+                       pt);
     // V^T as the A operand: element mt of chunk g (rows g) or g + 8 (rows g + 8) of
     // key rows 2 t4 (low half) and 2 t4 + 1 (high half), then 2 t4 + 8 and 2 t4 + 9.
 #pragma unroll
@@ -192,7 +171,7 @@ __device__ __forceinline__ void reg_loop(const AttnParams& p, const RegLoopArgs&
                               __byte_perm(word(r.v[0][1], w), word(r.v[1][1], w), sel),
                               __byte_perm(word(r.v[2][0], w), word(r.v[3][0], w), sel),
                               __byte_perm(word(r.v[2][1], w), word(r.v[3][1], w), sel)};
-      ptx::mma_16816<Elem>(acc.o[mt], af, pt0, pt1);
+      ptx::mma_16816<Elem>(acc.o[mt], af, pt[0], pt[1]);
     }
 #else
     // Timing probe (wrong results): the loads are consumed by a fold, nothing else.
