@@ -61,8 +61,12 @@ def attention(query, key_cache, value_cache, kv_lengths, block_table=None, *, sc
                         precision=hi) * jnp.float32(scale)
     if softcap is not None:
         logits = jnp.float32(softcap) * jnp.tanh(logits / jnp.float32(softcap))
-    mask = visible(kv_lengths, T, S, window_left)[:, None, None]  # [B, 1, 1, T, S]
+    vis = visible(kv_lengths, T, S, window_left)  # [B, T, S]
+    mask = vis[:, None, None]  # [B, 1, 1, T, S]
     logits = jnp.where(mask, logits, -jnp.inf)
+    # Value rows no query sees are zeroed, not just weighted by 0: past a row's length the
+    # cache may hold anything (a reused page's old contents, NaN included), and 0 * NaN is NaN.
+    v = jnp.where(vis.any(axis=1)[:, :, None, None], v, jnp.zeros((), v.dtype))
     probs, lse = masked_softmax(logits)  # lse [B, K, g, T]
     out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(v.dtype), v, preferred_element_type=jnp.float32,
                      precision=hi)

@@ -299,39 +299,38 @@ def test_cuda_register_loop(monkeypatch, chunk, layout):
             check("cuda_v2", *case, dtype, local_window_size=37 + 16 * i, logits_soft_cap=5.0)
 
 
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["default", "default_cpasync", "default_regs"])
+@pytest.mark.parametrize("impl, variant", [
+    ("cpu", None), ("xla", None),
+    *(pytest.param(i, v, marks=[gpu, pytest.mark.gpu], id=f"{i}_{v}")
+      for i, v in [("cuda_v1", None), ("cuda_v2", None), ("cuda_v2", "default_cpasync"), ("cuda_v2", "default_regs")])])
 @pytest.mark.parametrize("layout", [None, 64], ids=["contiguous", "page64"])
-def test_cuda_cache_rows_past_the_length_never_reach_the_output(monkeypatch, variant, layout):
-    """Cache rows a row does not see (past its length, in pages it does not use) may
-    hold anything, NaN included: version 2's loops zero the V rows they load but must
-    not use, so no NaN reaches the output (P = 0 times NaN would)."""
-    if variant != "default":
+def test_cache_rows_past_the_length_never_reach_the_output(monkeypatch, impl, variant, layout):
+    """Cache rows a call does not see (past a row's length, in pages no row uses) may
+    hold anything, NaN included (a freed page's old contents), and so may the rows
+    before a window: they never reach the output (P = 0 times a NaN value row would),
+    and the result is bit for bit the one on a clean cache."""
+    if variant is not None:
         monkeypatch.setenv("JAXATTN_CUDA_DECODE_VARIANT", str(V2_VARIANTS[variant]))
     capacity = 4 * (layout or 80)
     lengths = np.array([capacity, 1, 70, 2 * 64 + 5])
-    with jax.default_device(device_for("cuda")):
-        q, k, v, L, table = make_case(4, 1, 32, 8, 128, capacity, jnp.bfloat16, page_size=layout, seed=5,
-                                      lengths=lengths)
-        k64, v64 = np.asarray(k.astype(jnp.float32)), np.asarray(v.astype(jnp.float32))
-        if table is None:
-            for b, n in enumerate(lengths):
-                k64[b, n:], v64[b, n:] = np.nan, np.nan
-        else:
-            used = np.zeros(k64.shape[:2], bool)
-            for b, n in enumerate(lengths):
-                for j in range(n):
-                    used[table[b, j // layout], j % layout] = True
-            k64[~used], v64[~used] = np.nan, np.nan
-        kn, vn = jnp.asarray(k64, jnp.bfloat16), jnp.asarray(v64, jnp.bfloat16)
-        for window in (None, 100):
-            got = jaxattn.decode_attention(q, kn, vn, kv_lengths=L, block_table=table, local_window_size=window,
-                                           implementation="cuda_v2")
-            want = jaxattn.decode_attention(q, k, v, kv_lengths=L, block_table=table, local_window_size=window,
-                                            implementation="cuda_v2")
-            assert np.isfinite(np.asarray(got, np.float32)).all()
-            np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    dtype = jnp.float32 if impl in ("cpu", "xla") else jnp.bfloat16
+    q, k, v, L, table = make_case(4, 2, 32, 8, 128, capacity, dtype, page_size=layout, seed=5, lengths=lengths)
+    def poisoned(window):  # NaN in every row no query of the call sees
+        k32, v32 = np.array(k, np.float32), np.array(v, np.float32)
+        seen = np.zeros(k32.shape[:2], bool)
+        for b, n in enumerate(lengths):
+            for j in range(max(0, n - 2 - window) if window is not None else 0, n):
+                seen[(b, j) if table is None else (table[b, j // layout], j % layout)] = True
+        k32[~seen], v32[~seen] = np.nan, np.nan
+        return jnp.asarray(k32, dtype), jnp.asarray(v32, dtype)
+
+    for window in (None, 100):
+        kn, vn = poisoned(window)
+        fn = jax.jit(lambda k, v: jaxattn.decode_attention(q, k, v, kv_lengths=L, block_table=table,
+                                                           local_window_size=window, implementation=impl))
+        got, want = np.asarray(fn(kn, vn), np.float32), np.asarray(fn(k, v), np.float32)
+        assert np.isfinite(got).all()
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("impl", CUDA)
