@@ -84,18 +84,33 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, boo
 }
 
 // 16-byte global load for data read once (non-coherent path, no L1 line
-// allocated); zeros when !valid (the address is then not read).
+// allocated); zeros when !valid (the address is then not read). kL2Line: a miss
+// fetches the whole 128-byte line into L2 (.L2::128B), for loads that read half
+// a line each.
+template <bool kL2Line = false>
 __device__ __forceinline__ uint4 ldg_stream_16(const void* gmem, bool valid) {
   uint4 v;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %5, 0;\n"
-      "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
-      "@p ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-      "}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(gmem), "r"(int(valid)));
+  if constexpr (kL2Line) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %5, 0;\n"
+        "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
+        "@p ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        "}\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(gmem), "r"(int(valid)));
+  } else {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %5, 0;\n"
+        "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
+        "@p ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        "}\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(gmem), "r"(int(valid)));
+  }
   return v;
 }
 

@@ -7,8 +7,8 @@
 // on every row (perf.md sessions 17-42), while register loads on the same grid read
 // 97-100% (tests/cuda/stream_probe.cu, session 17). Here each warp is its own stream.
 //
-// Shape: 8 warps, one CTA per (row, KV head, chunk); warp w takes the 16-key groups
-// w, w + 8, w + 16, ... of the chunk and keeps two groups of loads in flight (64
+// Shape: kRegWarps = 8 warps, one CTA per (row, KV head, chunk); warp w takes the 16-key
+// groups w, w + 8, w + 16, ... of the chunk and keeps two groups of loads in flight (64
 // registers each): while it computes group i, group i + 8 is landing and group
 // i + 16 is issued right after. A 16-key group lies in one page (page sizes are
 // multiples of 16 and groups start on multiples of 16), so a group costs one page
@@ -38,7 +38,17 @@
 
 namespace jaxattn::cuda::decode {
 
-constexpr int kRegWarps = 8;       // warps of a kLoopRegs CTA
+// Timing experiments (decode_check builds; scripts/decode_build_ab.sh EXPS=...):
+// JAXATTN_EXP_DECODE_REG_WARPS=4: CTAs of 4 warps, two per SM (the plan then splits the
+// short rows in 2-CTA clusters); JAXATTN_EXP_DECODE_REG_L2_128=1: the K loads, which read
+// half a 128-byte line each, fetch whole lines into L2 (.L2::128B).
+#ifndef JAXATTN_EXP_DECODE_REG_WARPS
+#define JAXATTN_EXP_DECODE_REG_WARPS 8
+#endif
+#ifndef JAXATTN_EXP_DECODE_REG_L2_128
+#define JAXATTN_EXP_DECODE_REG_L2_128 0
+#endif
+constexpr int kRegWarps = JAXATTN_EXP_DECODE_REG_WARPS;  // warps of a kLoopRegs CTA
 constexpr int kRegGroupKeys = 16;  // keys per load group (one page at most)
 constexpr int kRegMaxRows = 8;     // query rows per KV head the loop takes (one n8 tile)
 
@@ -126,7 +136,7 @@ __device__ __forceinline__ void reg_loop(const AttnParams& p, const RegLoopArgs&
     for (int h = 0; h < 2; ++h) {
       const bool ok = jg + g + 8 * h < a.j_end;
 #pragma unroll
-      for (int q = 0; q < H / 32; ++q) r.k[h][q] = ptx::ldg_stream_16(kb + 8 * h * krs + 32 * q, ok);
+      for (int q = 0; q < H / 32; ++q) r.k[h][q] = ptx::ldg_stream_16<JAXATTN_EXP_DECODE_REG_L2_128 != 0>(kb + 8 * h * krs + 32 * q, ok);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

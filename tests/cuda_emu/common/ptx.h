@@ -78,6 +78,7 @@ inline float column_max(float x) { return column_reduce(x, [](float a, float b) 
 inline float column_sum(float x) { return column_reduce(x, [](float a, float b) { return a + b; }); }
 
 // ld.global.nc of 16 bytes (zeros when !valid); counts reads outside the registered buffers.
+template <bool kL2Line = false>
 inline uint4 ldg_stream_16(const void* gmem, bool valid) {
   if (!valid) return make_uint4(0, 0, 0, 0);
   const char* p = static_cast<const char*>(gmem);
