@@ -90,27 +90,22 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, boo
 template <bool kL2Line = false>
 __device__ __forceinline__ uint4 ldg_stream_16(const void* gmem, bool valid) {
   uint4 v;
+#define JAXATTN_LDG_STREAM_16(PREFETCH_SIZE)                                                  \
+  asm volatile(                                                                              \
+      "{\n"                                                                                  \
+      ".reg .pred p;\n"                                                                      \
+      "setp.ne.b32 p, %5, 0;\n"                                                              \
+      "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"                     \
+      "@p ld.global.nc.L1::no_allocate" PREFETCH_SIZE ".v4.u32 {%0,%1,%2,%3}, [%4];\n"       \
+      "}\n"                                                                                  \
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)                                           \
+      : "l"(gmem), "r"(int(valid)))
   if constexpr (kL2Line) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %5, 0;\n"
-        "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
-        "@p ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-        "}\n"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(gmem), "r"(int(valid)));
+    JAXATTN_LDG_STREAM_16(".L2::128B");
   } else {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %5, 0;\n"
-        "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
-        "@p ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-        "}\n"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(gmem), "r"(int(valid)));
+    JAXATTN_LDG_STREAM_16("");
   }
+#undef JAXATTN_LDG_STREAM_16
   return v;
 }
 
