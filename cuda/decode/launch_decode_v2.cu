@@ -200,6 +200,15 @@ DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant
   return finish(plan);
 }
 
+// Whether `plan`'s chunks cover a row's visible keys when the kernel rounds the first
+// one down to a multiple of `align` keys (the drift loop's 64-key tiles, the register
+// loop's 16-key groups): always without a window; with one, the span widened by
+// align - 1 keys (at most the capacity).
+bool chunks_cover_rounded_span(const AttnParams& p, const DecodePlan& plan, int align) {
+  const int64_t widened = std::min<int64_t>(p.seqlen_k, decode::key_span(p) + align - 1);
+  return p.window_left < 0 || int64_t(plan.splits) * plan.chunk >= widened;
+}
+
 // The drift loop's plan and tensor maps for `p` (H=128, kV2Drift), or false when
 // it cannot run this call: no sm_90 code on this device (pdl_ok's test), a tile
 // that would straddle a page (pages or chunks not multiples of 64 keys), strides no
@@ -227,9 +236,7 @@ bool drift_plan(const AttnParams& p, int forced_chunk, int variant, DecodePlan* 
              sm90::make_tmap_bshd(m, base, p.dtype, nb, rows, p.num_heads_k, H, bs, rs, hs, L::kBlockN, H / 64) ==
                  cudaSuccess;
     };
-    const int64_t widened = std::min<int64_t>(p.seqlen_k, decode::key_span(p) + 63);
-    const bool covered = p.window_left < 0 || int64_t(plan->splits) * plan->chunk >= widened;
-    return covered && (!paged || (p.page_size % 64 == 0 && plan->chunk % 64 == 0)) &&
+    return chunks_cover_rounded_span(p, *plan, 64) && (!paged || (p.page_size % 64 == 0 && plan->chunk % 64 == 0)) &&
            map(&tma->k, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride) &&
            map(&tma->v, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
   }
@@ -253,9 +260,7 @@ bool reg_plan(const AttnParams& p, int forced_chunk, int variant, DecodePlan* pl
     *plan = plan_v2(p, device_sms() * per_sm, forced_chunk, variant,
                     [](int s) { return cluster_ok<H, kBf16, decode::kLoopRegs>(s); });
     plan->pdl = (variant & kV2Pdl) != 0 && pdl_ok<H, kBf16, decode::kLoopRegs>();
-    const int64_t widened = std::min<int64_t>(p.seqlen_k, decode::key_span(p) + kG - 1);
-    const bool covered = p.window_left < 0 || int64_t(plan->splits) * plan->chunk >= widened;
-    return covered && plan->chunk % kG == 0;
+    return chunks_cover_rounded_span(p, *plan, kG) && plan->chunk % kG == 0;
   }
 }
 
