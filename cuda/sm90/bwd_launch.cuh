@@ -27,12 +27,14 @@ namespace jaxattn::sm90 {
 // lost up to 7% at 128 (session 5), so only head dim 64 has it. With dQ one step
 // late (BwdTraits::kSkewDq, split only) the split beats it at head dim 64 causal
 // (+4-5% at T = 4K / 16K, -2% at 1K) and loses non-causal (-3 to -8%): session 14.
-// Masked calls keep the pingpong at 64 (not measured with the late dQ). Causal H=64
-// takes the 128-query row steps (session 30 run 1: +4-6% over the split at T = 1K / 4K /
-// 16K), where they apply (run_bwd).
+// Masked calls keep the pingpong at 64 (not measured with the late dQ). H=64 takes the
+// 128-query row steps where they apply (run_bwd: unmasked, not deterministic): causal
+// since session 30 (run 1: +4-6% over the split at T = 1K / 4K / 16K), non-causal since
+// session 44 (H100, same SMs and clocks as the H200; against the pingpong, two rounds:
+// +2.2-2.4% at T = 16K, +1.5-3.4% at 4K, +2.5-3.6% at 1K).
 inline BwdVariant default_bwd_variant(int head_dim, bool causal) {
-  if (head_dim != 64) return BwdVariant::kSplitHeadDim;
-  return causal ? BwdVariant::kRows : BwdVariant::kPingpong;
+  (void)causal;
+  return head_dim == 64 ? BwdVariant::kRows : BwdVariant::kSplitHeadDim;
 }
 
 // grouped: the causal grid goes in groups of heads (sm90/causal_groups.h; kDefault
@@ -90,12 +92,7 @@ cuda::LaunchStatus launch_bwd(const AttnParams& p, cudaStream_t stream, bool gro
   void (*kernel)(const BwdParams) = nullptr;
   if constexpr (Tr::kRows) {
     if (p.has_masks() || p.deterministic) return {cudaErrorInvalidValue, "flash_bwd_sm90 (row steps: unmasked only)"};
-#ifdef JAXATTN_EXP_BWD64_ROWS
     kernel = p.is_causal ? flash_bwd_sm90_kernel<Tr, true> : flash_bwd_sm90_kernel<Tr, false>;
-#else
-    if (!p.is_causal) return {cudaErrorInvalidValue, "flash_bwd_sm90 (row steps: causal only)"};
-    kernel = flash_bwd_sm90_kernel<Tr, true>;
-#endif
   } else {
     kernel = doc_tiles       ? flash_bwd_sm90_kernel<Tr, false, true, !Tr::kWide>
              : p.has_masks() ? flash_bwd_sm90_kernel<Tr, false, true>
@@ -156,15 +153,10 @@ cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant 
   const bool grouped = variant == BwdVariant::kDefault;
   if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim, plain_causal);
   if constexpr (kHeadDim == 64) {
-    // 128-query steps: unmasked, non-deterministic, causal calls (non-causal too with the
-    // experiment switch); the others take what they would by default, deterministic
-    // causal the split.
+    // 128-query steps: unmasked, non-deterministic calls; the others take what they
+    // would otherwise, deterministic causal the split, the rest the pingpong.
     if (variant == BwdVariant::kRows) {
-#ifdef JAXATTN_EXP_BWD64_ROWS
       const bool rows = !p.has_masks() && !p.deterministic;
-#else
-      const bool rows = plain_causal && !p.deterministic;
-#endif
       if (rows) return launch_bwd<BwdTraits<kHeadDim, Elem, false, true>>(p, stream, grouped);
       variant = plain_causal ? BwdVariant::kSplitHeadDim : BwdVariant::kPingpong;
     }

@@ -30,11 +30,6 @@
 
 #include "common/params.h"
 
-// Experiment switch (default 0): 3 Q / dO stages at head dim 128.
-#ifndef JAXATTN_EXP_BWD128_STAGES3
-#define JAXATTN_EXP_BWD128_STAGES3 0
-#endif
-
 namespace jaxattn::sm90 {
 
 // Shared memory (offsets from a 1024-aligned base; 16-bit tiles are 128B-swizzled
@@ -58,7 +53,7 @@ namespace jaxattn::sm90 {
 // 2-5% slower at head dim 64 in sessions 3 and 5 and was removed.)
 // kPingpong (head dim 64): the consumer warpgroups take turns issuing their wgmma
 // bursts (bwd_mainloop.cuh), so one's P / dS phase runs while the other's products execute.
-// kRows (head dim 64, causal; non-causal with -DJAXATTN_EXP_BWD64_ROWS; bwd_mainloop_rows.cuh): steps of
+// kRows (head dim 64, unmasked, not deterministic; bwd_mainloop_rows.cuh): steps of
 // 128 query rows, each warpgroup S = Q K^T and dP = dO V^T for its 64 of them over the
 // CTA's 128 keys; P and dS [128 queries][128 keys] in shared memory (the dS^T area's two
 // slots: dS in 0, P in 1) for dV / dK of each warpgroup's 64 keys; dQ = dS K of its 64
@@ -90,8 +85,9 @@ struct BwdTraits {
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = kRows ? 128 : 64;  // query rows per step (one dS^T chunk; kRows: two)
   // (3 stages: same speed at head dim 64 (session 5; the pingpong again in session 38
-  // run 4: 0 +- 1%) and -1 to +0.3% at 128 (session 9).)
-  static constexpr int kStages = (JAXATTN_EXP_BWD128_STAGES3 && kHeadDim == 128) ? 3 : 2;
+  // run 4: 0 +- 1%), -1 to +0.3% at 128 (session 9) and -2.9 to +1.3% there in session
+  // 44 (H100, with the dQ warp and the late dQ).)
+  static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // setmaxnreg only moves registers inside the CTA's launch allocation, 168 per thread
   // x 384 (__launch_bounds__(384, 1)) = 64512, not the whole 64K file: 128 x 24 + 256 x
