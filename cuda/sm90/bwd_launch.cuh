@@ -32,8 +32,7 @@ namespace jaxattn::sm90 {
 // since session 30 (run 1: +4-6% over the split at T = 1K / 4K / 16K), non-causal since
 // session 44 (H100, same SMs and clocks as the H200; against the pingpong, two rounds:
 // +2.2-2.4% at T = 16K, +1.5-3.4% at 4K, +2.5-3.6% at 1K).
-inline BwdVariant default_bwd_variant(int head_dim, bool causal) {
-  (void)causal;
+inline BwdVariant default_bwd_variant(int head_dim) {
   return head_dim == 64 ? BwdVariant::kRows : BwdVariant::kSplitHeadDim;
 }
 
@@ -151,7 +150,7 @@ template <int kHeadDim, typename Elem>
 cuda::LaunchStatus run_bwd(const AttnParams& p, cudaStream_t stream, BwdVariant variant) {
   const bool plain_causal = p.is_causal && !p.has_masks();
   const bool grouped = variant == BwdVariant::kDefault;
-  if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim, plain_causal);
+  if (variant == BwdVariant::kDefault) variant = default_bwd_variant(kHeadDim);
   if constexpr (kHeadDim == 64) {
     // 128-query steps: unmasked, non-deterministic calls; the others take what they
     // would otherwise, deterministic causal the split, the rest the pingpong.
