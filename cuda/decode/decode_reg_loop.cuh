@@ -38,17 +38,14 @@
 
 namespace jaxattn::cuda::decode {
 
-// Timing experiments (decode_check builds; scripts/decode_build_ab.sh EXPS=...):
-// JAXATTN_EXP_DECODE_REG_WARPS=4: CTAs of 4 warps, two per SM (the plan then splits the
-// short rows in 2-CTA clusters); JAXATTN_EXP_DECODE_REG_L2_128=1: the K loads, which read
-// half a 128-byte line each, fetch whole lines into L2 (.L2::128B).
-#ifndef JAXATTN_EXP_DECODE_REG_WARPS
-#define JAXATTN_EXP_DECODE_REG_WARPS 8
-#endif
+// Timing experiment (decode_check builds; scripts/decode_build_ab.sh EXPS=...):
+// JAXATTN_EXP_DECODE_REG_L2_128=1: the K loads, which read half a 128-byte line each,
+// fetch whole lines into L2 (.L2::128B); H100, session 44: ~+1%, inside the noise; the
+// H200 is still to time it. (CTAs of 4 warps, two per SM, lost 2-3% there: removed.)
 #ifndef JAXATTN_EXP_DECODE_REG_L2_128
 #define JAXATTN_EXP_DECODE_REG_L2_128 0
 #endif
-constexpr int kRegWarps = JAXATTN_EXP_DECODE_REG_WARPS;  // warps of a kLoopRegs CTA
+constexpr int kRegWarps = 8;       // warps of a kLoopRegs CTA
 constexpr int kRegGroupKeys = 16;  // keys per load group (one page at most)
 constexpr int kRegMaxRows = 8;     // query rows per KV head the loop takes (one n8 tile)
 
