@@ -243,11 +243,13 @@ def test_cuda_kernels(monkeypatch, impl, chunk, H, layout):
 # Version 2's loader variants (kV2* bits, cuda/decode/launch_decode.h): the
 # session-3 loader, hoisted lookups, kV2Short, kV2Short with the lean loader,
 # with PDL, the default without the drift loop (the cp.async loop at H=128), the default,
-# the default's drift loop with A and B swapped (kV2SwapAB), the default with the
-# register-streaming loop (kV2Regs; the drift loop where it cannot run).
+# the drift loop (the default before session 45, without the register loop), the drift
+# loop with A and B swapped (kV2SwapAB), the default's register-streaming loop spelled out
+# (kV2Regs; the drift loop where it cannot run).
 V2_VARIANTS = {"old": 0, "hoist": 1, "short": 769, "short_lean": 769 | 4096, "short_pdl": 769 | 2048,
                "default_cpasync": 769 | 4096 | 2048, "default": -1,
-               "default_swap": 769 | 4096 | 2048 | 8192 | 16384,
+               "drift": 769 | 4096 | 2048 | 8192,
+               "drift_swap": 769 | 4096 | 2048 | 8192 | 16384,
                "default_regs": 769 | 4096 | 2048 | 8192 | 32768}
 
 
@@ -302,7 +304,7 @@ def test_cuda_register_loop(monkeypatch, chunk, layout):
 @pytest.mark.parametrize("impl, variant", [
     ("cpu", None), ("xla", None),
     *(pytest.param(i, v, marks=[gpu, pytest.mark.gpu], id=f"{i}_{v}")
-      for i, v in [("cuda_v1", None), ("cuda_v2", None), ("cuda_v2", "default_cpasync"), ("cuda_v2", "default_regs")])])
+      for i, v in [("cuda_v1", None), ("cuda_v2", None), ("cuda_v2", "default_cpasync"), ("cuda_v2", "drift")])])
 @pytest.mark.parametrize("layout", [None, 64], ids=["contiguous", "page64"])
 def test_cache_rows_past_the_length_never_reach_the_output(monkeypatch, impl, variant, layout):
     """Cache rows a call does not see (past a row's length, in pages no row uses) may
@@ -746,7 +748,7 @@ def test_flax_cache_errors():
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["default", "default_swap", "default_regs"])
+@pytest.mark.parametrize("variant", ["default", "drift", "drift_swap"])
 def test_cuda_decode_reads_the_cache_update_before_it(monkeypatch, variant):
     """A jitted step writes each row's next token into a paged cache, then decodes
     with a query that points at that token (its score dominates): the output is the

@@ -46,7 +46,7 @@
 // on alternate tiles and no CTA barrier in the loop; prologue, softmax
 // (decode_softmax_tile.inc), warp merge and epilogue are the cp.async loop's.
 //
-// decode_mma_kernel<128, kBf16, kLoopRegs> (kV2Regs, session 43; off by default):
+// decode_mma_kernel<128, kBf16, kLoopRegs> (kV2Regs, session 43; the default since session 45):
 // the register-streaming loop (decode_reg_loop.cuh): 8 warps, each loading its own
 // 16-key groups of K and V into registers, at most 8 query rows per KV head; the
 // prologue, warp merge and epilogue are the others'.
@@ -526,6 +526,7 @@ __global__ void __launch_bounds__(MmaLayout<H, kLoop>::kThreads)
 
   [[maybe_unused]] RegLoopAcc<H> reg_acc;
   if constexpr (L::kRegs) {
+    JAXATTN_DECODE_MARK(2);  // (timeline builds: the register loop's "first tile" is its start)
     const RegLoopArgs args{kcache, vcache, pages_s, q_s, kPitch, b, page0, j_begin, j_end, lo_keys, len, T, G, r0,
                            rows_here};
     reg_loop<H, Elem>(p, args, reg_acc);

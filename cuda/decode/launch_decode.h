@@ -100,9 +100,11 @@ constexpr int kV2SwapAB = 1 << 14;
 // flight), no shared-memory ring and no barrier in the loop, swapped orientation.
 // Taken before kV2Drift where its plan allows (launch_decode_v2.cu, reg_plan).
 // Written without a GPU (session 43); session 44 on an H100: every GPU test and the
-// float64 checker pass, memcheck clean, but it reads 1-3 points less of the read
-// bandwidth than the drift loop through JAX (B=16/64 x L=4K/16K). Not in kV2Default;
-// the H200 rows (where the drift loop falls short of the bar) are still to be timed.
+// float64 checker pass, memcheck clean, but it read 1-3 points less of the read
+// bandwidth than the drift loop through JAX there. On the H200 (session 45, decode.py,
+// paged page 64, two rounds, against the drift loop in the same run) it reads more on
+// every row: B=16 L=4K 79-80 -> 84-85%, B=16 L=16K 85-86 -> 91-92%, B=64 L=4K 86-87 ->
+// 90-92%, B=64 L=16K 89 -> 95%. In kV2Default since session 45.
 constexpr int kV2Regs = 1 << 15;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
@@ -121,7 +123,9 @@ constexpr int kV2ShortLong = kV2Short | kV2LongChunks;
 // 81 -> 87%). Since session 17 the kernel reads each tile's V fragments before the
 // softmax (what ptxas had done only in the timeline build): the default reads 90 / 89
 // / 80% at B=64 L=4K / B=16 L=16K / B=16 L=4K in the checker (perf.md, session 17).
-constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl | kV2Drift;
+// Session 45: kV2Regs added (above); the drift loop runs where the register loop's plan
+// does not (more than 8 query rows per KV head, forced chunks of no multiple of 16 keys).
+constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl | kV2Drift | kV2Regs;
 // Before: kV2Short (session 6; before it kV2Hoist, hoisted
 // page lookups alone: -DJAXATTN_DECODE_V2_VARIANT=kV2Hoist builds that). H200, session 4
 // (scripts/decode_standalone.sh, page 64, shuffled pages, B=64 L=16K): old 58%,
