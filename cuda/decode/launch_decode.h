@@ -39,7 +39,7 @@ int decode_max_splits(int capacity, int forced_chunk = 0);
 // below kV2VariantEnd (tests and benchmarks: a same-run A/B through JAX).
 LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version = 1, int forced_chunk = 0,
                         int variant = -1);
-constexpr int kV2VariantEnd = 1 << 16;
+constexpr int kV2VariantEnd = 1 << 17;
 
 // Loader variants of version 2 (bits; decode_check measures them side by
 // side). kV2Hoist: a tile's page ids are read once per tile (two shared-memory
@@ -104,8 +104,12 @@ constexpr int kV2SwapAB = 1 << 14;
 // bandwidth than the drift loop through JAX there. On the H200 (session 45, decode.py,
 // paged page 64, two rounds, against the drift loop in the same run) it reads more on
 // every row: B=16 L=4K 79-80 -> 84-85%, B=16 L=16K 85-86 -> 91-92%, B=64 L=4K 86-87 ->
-// 90-92%, B=64 L=16K 89 -> 95%. In kV2Default since session 45.
+// 90-92%, B=64 L=16K 89 -> 95%. In kV2Default since session 45, on devices whose peak
+// DRAM bandwidth is at least kRegsMinPeakGBs (the H200's 4.9 TB/s, not the H100's 3.35:
+// there the drift loop stays); kV2RegsAnywhere runs it on any device (tests, A/B runs).
 constexpr int kV2Regs = 1 << 15;
+constexpr int kV2RegsAnywhere = 1 << 16;
+constexpr int kRegsMinPeakGBs = 4000;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 // kV2Short: the short-context candidate for the default (H200 run 1 of the

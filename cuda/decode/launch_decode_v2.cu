@@ -242,6 +242,12 @@ bool drift_plan(const AttnParams& p, int forced_chunk, int variant, DecodePlan* 
   }
 }
 
+// Whether `variant` asks for the register loop on this device: kV2RegsAnywhere, or kV2Regs
+// where the peak DRAM bandwidth is at least kRegsMinPeakGBs (launch_decode.h).
+bool wants_register_loop(int variant) {
+  return (variant & kV2RegsAnywhere) || ((variant & kV2Regs) && device_peak_dram_gbs() >= kRegsMinPeakGBs);
+}
+
 // The register loop's plan for `p` (H=128, kV2Regs), or false when it cannot run
 // this call: more than kRegMaxRows query rows per KV head, chunks not multiples of
 // its 16-key groups (a forced chunk), a window whose span, widened by the kernel's
@@ -306,7 +312,7 @@ LaunchStatus launch(const AttnParams& p, cudaStream_t stream, int forced_chunk, 
   decode::DecodeTma tma{};
   if constexpr (H == 128) {  // (the drift and register loops' layouts exist at H=128 only)
     DecodePlan plan{};
-    if (variant & kV2Regs) {
+    if (wants_register_loop(variant)) {
       if (reg_plan<H, kBf16>(p, forced_chunk, variant, &plan, &err))
         return launch_plan<H, kBf16, decode::kLoopRegs>(p, plan, tma, stream);
       if (err != cudaSuccess) return {err, "decode_mma_kernel (register loop: shared-memory attribute)"};
@@ -342,7 +348,7 @@ int plan_splits(const AttnParams& p, int forced_chunk, int variant, bool* cluste
   DecodePlan plan{};
   decode::DecodeTma tma{};
   int per_sm = 0;
-  const bool regs = (variant & kV2Regs) && reg_plan<H, kBf16>(p, forced_chunk, variant, &plan, &err);
+  const bool regs = wants_register_loop(variant) && reg_plan<H, kBf16>(p, forced_chunk, variant, &plan, &err);
   if (!regs && !((variant & kV2Drift) && drift_plan<H, kBf16>(p, forced_chunk, variant, &plan, &tma, &err))) {
     err = cudaSuccess;
     plan = cpasync_plan<H, kBf16>(p, forced_chunk, variant, &per_sm, &err);

@@ -28,7 +28,8 @@
 //   --fast: check only the default ("v2new"), kV2Short, kV2ShortLong,
 //           kV2Short with PDL / with the lean loader alone, the default
 //           without the drift and register loops ("v2cpas"), the drift loop with
-//           kV2SwapAB ("v2swap") and the default without the register loop ("v2drift").
+//           kV2SwapAB ("v2swap"), the default without the register loop ("v2drift") and
+//           with it on any device ("v2regs").
 //   --sweep: also time forced split counts on the short rows.
 //   --row B L: bench that issue-9 row only, no check (for a profiler).
 //   --timeline B L: a build with -DJAXATTN_DECODE_TIMELINE only: per variant of
@@ -147,7 +148,9 @@ static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int nu
 // programmatic dependent launch (kV2Pdl), 10 = kV2Short with the lean loader
 // (kV2Lean), 11 = the default without the drift loop (the cp.async loop at H=128),
 // 12 = the drift loop with kV2SwapAB (A and B swapped), 13 = the default without
-// kV2Regs (the drift loop where the register loop would run).
+// kV2Regs (the drift loop where the register loop would run), 14 = the default with
+// kV2RegsAnywhere (the register loop on any device; the default takes it only where the
+// peak DRAM bandwidth is >= kRegsMinPeakGBs).
 // The default (kV2Default) is kV2Short | kV2Lean | kV2Pdl | kV2Drift | kV2Regs.
 constexpr int kShortNoCluster = jc::kV2Short & ~jc::kV2Cluster;
 static const char* kernel_name(int kernel) {
@@ -164,6 +167,7 @@ static const char* kernel_name(int kernel) {
     case 11: return "v2cpas";
     case 12: return "v2swap";
     case 13: return "v2drift";
+    case 14: return "v2regs";
     default: return "v2";
   }
 }
@@ -183,6 +187,7 @@ static jaxattn::cuda::LaunchStatus run_kernel(const AttnParams& p, int kernel, i
     case 11: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant & ~(jc::kV2Drift | jc::kV2Regs));
     case 12: return jc::decode_fwd_v2(p, nullptr, chunk, (jc::kDecodeV2DefaultVariant & ~jc::kV2Regs) | jc::kV2SwapAB);
     case 13: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant & ~jc::kV2Regs);
+    case 14: return jc::decode_fwd_v2(p, nullptr, chunk, jc::kDecodeV2DefaultVariant | jc::kV2RegsAnywhere);
     default: return jc::decode_fwd(p, nullptr, 2, chunk);
   }
 }
@@ -446,6 +451,7 @@ static void bench(double peak) {
                       {"drift + swap-AB", (def & ~jc::kV2Regs) | jc::kV2SwapAB, 0},
                       {"drift loop", def & ~jc::kV2Regs, 0},
                       {"drift loop contig", def & ~jc::kV2Regs, 1},
+                      {"register loop", def | jc::kV2RegsAnywhere, 0},
                       {"default contig", def, 1},
                       {"short contig", jc::kV2Short, 1},
                       {"hoist (session-5 default)", jc::kV2Hoist, 0}};
@@ -752,7 +758,7 @@ int main(int argc, char** argv) {
     std::printf("== check against float64 (max abs error of o, of lse)\n");
     uint64_t seed = 1;
     for (const DecodeCase& c : cases) {
-      for (int kernel : {1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13}) {
+      for (int kernel : {1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}) {
         if (fast && (kernel == 1 || kernel == 2 || kernel == 5 || kernel == 7))
           continue;
         double lse_err = 0.0;
