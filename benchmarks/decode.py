@@ -203,6 +203,14 @@ def main(argv=None):
         raise SystemExit("--caches must be >= 0 (0: as many as make >= 1 GiB)")
     peak = read_bandwidth(jax, jnp, device, (256 << 20) if args.cpu else (4 << 30))
     print(f"# {device.device_kind}: measured read bandwidth {peak / 1e9:.0f} GB/s", file=sys.stderr)
+    default_loop = ""
+    if not args.cpu:
+        from jaxattn._extension import _jaxattn
+        if _jaxattn.built_with_cuda:
+            # Which H=128 loop version 2 runs by default here (cuda/decode/launch_decode.h).
+            gbs = _jaxattn.cuda_device_peak_dram_gbs()
+            loop = "register" if gbs >= _jaxattn.cuda_decode_regs_min_gbs else "drift"
+            default_loop = f"; peak DRAM {gbs} GB/s (device attributes): cuda_v2's default H=128 loop is the {loop} loop"
 
     impls = {"jaxattn xla paged": lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(
         q, kp, vp, kv_lengths=L, block_table=t, implementation="xla")}
@@ -331,7 +339,7 @@ def main(argv=None):
             del inputs, q, kc, vc, kp, vp, qs, kcs, vcs, kps, vps
     os.makedirs(args.out, exist_ok=True)
     doc = {"device": device.device_kind, "platform": platform, "read_bandwidth_GBps": peak / 1e9,
-           "dtype": str(dtype), "rows": rows}
+           "dtype": str(dtype), "default_loop": default_loop, "rows": rows}
     with open(os.path.join(args.out, "decode.json"), "w") as f:
         json.dump(doc, f, indent=1)
     names = list(impls)
@@ -339,7 +347,8 @@ def main(argv=None):
     # (v2 paged vs the same paged cache through jax.nn; v2 contiguous vs jax.nn contiguous)
     pairs = (("cuda_v2 paged", ("cudnn paged", "xla paged")), ("cuda_v2 contiguous", ("cudnn", "xla")))
     print(f"# {device.device_kind}, read bandwidth {peak / 1e9:.0f} GB/s; N={N} K={K} H={H} Tq={T} "
-          f"page size {ps}, {dtype}; {layers} calls (layers) per jitted step; GB/s (% of read bandwidth)")
+          f"page size {ps}, {dtype}; {layers} calls (layers) per jitted step; GB/s (% of read bandwidth)"
+          f"{default_loop}")
     print("| B | L | " + " | ".join(names) +
           (" | v2 paged / best(jax.nn paged) | v2 contiguous / best(jax.nn contiguous) |" if speedup else " |"))
     print("|---|---|" + "---|" * (len(names) + 2 * speedup))

@@ -8,6 +8,7 @@
 #include "cpu/parallel_for.h"
 #include "cpu_handlers.h"
 #ifdef JAXATTN_WITH_CUDA
+#include "common/device.h"
 #include "cuda_decode_handler.h"
 #include "cuda_handlers.h"
 #include "decode/launch_decode.h"
@@ -119,6 +120,11 @@ NB_MODULE(_jaxattn, m) {
         [](int capacity, int forced_chunk) { return jaxattn::cuda::decode_max_splits(capacity, forced_chunk); });
   m.attr("cuda_decode_max_forced_chunk") = jaxattn::cuda::kDecodeMaxForcedChunk;
   m.attr("cuda_decode_variant_end") = jaxattn::cuda::kV2VariantEnd;  // version 2's loader bits lie below it
+  // The current CUDA device's peak DRAM bandwidth (GB/s, memory clock x bus width; 0 if not
+  // reported) as the decode launcher reads it: version 2 runs its register loop by default
+  // at cuda_decode_regs_min_gbs and above (cuda/decode/launch_decode.h; benchmarks and tests).
+  m.def("cuda_device_peak_dram_gbs", []() { return jaxattn::cuda::device_peak_dram_gbs(); });
+  m.attr("cuda_decode_regs_min_gbs") = jaxattn::cuda::kRegsMinPeakGBs;
 #ifdef JAXATTN_DECODE_TIMELINE
   // Profiling builds only (CUDAFLAGS / CXXFLAGS -DJAXATTN_DECODE_TIMELINE;
   // scripts/decode_jax_probe.py --timeline): where decode_mma_kernel writes its

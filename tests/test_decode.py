@@ -302,6 +302,29 @@ def test_cuda_register_loop(monkeypatch, chunk, layout):
             check("cuda_v2", *case, dtype, local_window_size=37 + 16 * i, logits_soft_cap=5.0)
 
 
+@gpu
+@pytest.mark.gpu
+def test_cuda_v2_default_loop_follows_the_peak_bandwidth(monkeypatch):
+    """At H=128 with <= 8 query rows per KV head, version 2's default runs the register loop
+    where the device's peak DRAM bandwidth (as the launcher reads it) is at least
+    cuda_decode_regs_min_gbs, e.g. on an H200, and the drift loop below, e.g. on an H100:
+    its output is bit for bit that loop's, and not the other loop's (the two sum in other
+    orders, so some bf16 outputs differ)."""
+    from jaxattn._extension import _jaxattn
+    regs_here = _jaxattn.cuda_device_peak_dram_gbs() >= _jaxattn.cuda_decode_regs_min_gbs
+    with jax.default_device(device_for("cuda")):
+        q, k, v, lengths, table = make_case(4, 1, 32, 8, 128, 2048, jnp.bfloat16, page_size=64, seed=12)
+        outs = {}
+        for name in ("default", "default_regs", "drift"):
+            monkeypatch.setenv("JAXATTN_CUDA_DECODE_VARIANT", str(V2_VARIANTS[name]))
+            fn = jax.jit(lambda q, k, v, L, t: jaxattn.decode_attention(
+                q, k, v, kv_lengths=L, block_table=t, implementation="cuda_v2"))
+            outs[name] = np.asarray(fn(q, k, v, lengths, table), np.float32)
+    mine, other = ("default_regs", "drift") if regs_here else ("drift", "default_regs")
+    np.testing.assert_array_equal(outs["default"], outs[mine])
+    assert not np.array_equal(outs["default"], outs[other])
+
+
 @pytest.mark.parametrize("impl, variant", [
     ("cpu", None), ("xla", None),
     *(pytest.param(i, v, marks=[gpu, pytest.mark.gpu], id=f"{i}_{v}")
