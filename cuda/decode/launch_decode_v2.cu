@@ -15,7 +15,6 @@ using decode::DecodePlan;
 
 namespace {
 
-constexpr int kMaxDevices = 64;
 constexpr int kRowsPerCta = decode::MmaLayout<64>::kRows;
 
 // CTAs of decode_mma_kernel<H, kBf16, kD> resident per SM on the current device,
@@ -25,26 +24,21 @@ constexpr int kRowsPerCta = decode::MmaLayout<64>::kRows;
 // (attribute and occupancy queries only).
 template <int H, bool kBf16, int kD = decode::kLoopCpAsync, bool kS = false>
 int resident_ctas(cudaError_t* err) {
-  static std::atomic<int> cache[kMaxDevices];  // 0 = not set up yet
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
-  const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
-  int n = cache[slot].load(std::memory_order_acquire);
-  if (n != 0) return n;
-  using L = decode::MmaLayout<H, kD>;
-  int optin = 0;
-  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-      optin < L::kSmemBytes) {
-    cache[slot].store(-1, std::memory_order_release);
-    return -1;
-  }
-  auto kernel = decode::decode_mma_kernel<H, kBf16, kD, kS>;
-  *err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes);
-  if (*err != cudaSuccess) return 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, L::kThreads, L::kSmemBytes) != cudaSuccess || n < 1)
-    n = 1;
-  cache[slot].store(n, std::memory_order_release);
-  return n;
+  static std::atomic<int> cache[kMaxDevices];
+  return per_device_cached(cache, [err](int dev) {
+    using L = decode::MmaLayout<H, kD>;
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+        optin < L::kSmemBytes)
+      return -1;
+    auto kernel = decode::decode_mma_kernel<H, kBf16, kD, kS>;
+    *err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes);
+    if (*err != cudaSuccess) return 0;  // (not cached: set up again on the next call)
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, L::kThreads, L::kSmemBytes) != cudaSuccess || n < 1)
+      n = 1;
+    return n;
+  });
 }
 
 // The launch configuration of decode_mma_kernel<H, *, kD> on `grid`: in clusters of
@@ -85,28 +79,24 @@ cudaLaunchConfig_t launch_config(dim3 grid, int splits, bool pdl, cudaStream_t s
 template <int H, bool kBf16, int kD = decode::kLoopCpAsync, bool kS = false>
 bool cluster_ok(int splits) {
   if (splits < 2 || splits > decode::kMaxClusterSplits) return false;
-  static std::atomic<int> cache[kMaxDevices][decode::kMaxClusterSplits + 1];  // 0 unknown, 1 yes, -1 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
-  const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
-  const int known = cache[slot][splits].load(std::memory_order_acquire);
-  if (known != 0) return known > 0;
-  auto kernel = decode::decode_mma_kernel<H, kBf16, kD, kS>;
-  bool ok = false, failed = false;
-  int major = 0, launch = 0;
-  cudaFuncAttributes fa{};
-  auto good = [&](cudaError_t e) { failed |= e != cudaSuccess; return e == cudaSuccess; };
-  if (good(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) && major >= 9 &&
-      good(cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, dev)) && launch &&
-      good(cudaFuncGetAttributes(&fa, kernel)) && fa.ptxVersion >= 90) {
-    cudaLaunchAttribute attrs[2];
-    const cudaLaunchConfig_t cfg = launch_config<H, kD>(dim3(splits, 1, 1), splits, false, nullptr, attrs);
-    int clusters = 0;
-    ok = good(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg)) && clusters > 0;
-  }
-  if (failed) cudaGetLastError();  // a failed query leaves no error behind for the next launch check
-  cache[slot][splits].store(ok ? 1 : -1, std::memory_order_release);
-  return ok;
+  static std::atomic<int> cache[decode::kMaxClusterSplits + 1][kMaxDevices];  // 1 yes, -1 no
+  return per_device_cached(cache[splits], [splits](int dev) {
+    auto kernel = decode::decode_mma_kernel<H, kBf16, kD, kS>;
+    bool ok = false, failed = false;
+    int major = 0, launch = 0;
+    cudaFuncAttributes fa{};
+    auto good = [&](cudaError_t e) { failed |= e != cudaSuccess; return e == cudaSuccess; };
+    if (good(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) && major >= 9 &&
+        good(cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, dev)) && launch &&
+        good(cudaFuncGetAttributes(&fa, kernel)) && fa.ptxVersion >= 90) {
+      cudaLaunchAttribute attrs[2];
+      const cudaLaunchConfig_t cfg = launch_config<H, kD>(dim3(splits, 1, 1), splits, false, nullptr, attrs);
+      int clusters = 0;
+      ok = good(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg)) && clusters > 0;
+    }
+    if (failed) cudaGetLastError();  // a failed query leaves no error behind for the next launch check
+    return ok ? 1 : -1;
+  }) > 0;
 }
 
 // Whether decode_mma_kernel<H, kBf16, kD> may be launched with programmatic
@@ -115,20 +105,17 @@ bool cluster_ok(int splits) {
 // (griddepcontrol.wait; compiled out below sm_90). Queried once per device.
 template <int H, bool kBf16, int kD = decode::kLoopCpAsync, bool kS = false>
 bool pdl_ok() {
-  static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 yes, -1 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
-  const int slot = std::min(std::max(dev, 0), kMaxDevices - 1);
-  const int known = cache[slot].load(std::memory_order_acquire);
-  if (known != 0) return known > 0;
-  cudaFuncAttributes fa{};
-  int major = 0;
-  bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
-            cudaFuncGetAttributes(&fa, decode::decode_mma_kernel<H, kBf16, kD, kS>) == cudaSuccess &&
-            fa.binaryVersion >= 90 && fa.ptxVersion >= 90;
-  if (!ok) cudaGetLastError();
-  cache[slot].store(ok ? 1 : -1, std::memory_order_release);
-  return ok;
+  static std::atomic<int> cache[kMaxDevices];  // 1 yes, -1 no
+  return per_device_cached(cache, [](int dev) {
+    cudaFuncAttributes fa{};
+    int major = 0;
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    major >= 9 &&
+                    cudaFuncGetAttributes(&fa, decode::decode_mma_kernel<H, kBf16, kD, kS>) == cudaSuccess &&
+                    fa.binaryVersion >= 90 && fa.ptxVersion >= 90;
+    if (!ok) cudaGetLastError();
+    return ok ? 1 : -1;
+  }) > 0;
 }
 
 // kV2Cluster merges chunks in a cluster only at this many splits: on the H200
