@@ -127,8 +127,9 @@ constexpr int kV2ShortLong = kV2Short | kV2LongChunks;
 // 81 -> 87%). Since session 17 the kernel reads each tile's V fragments before the
 // softmax (what ptxas had done only in the timeline build): the default reads 90 / 89
 // / 80% at B=64 L=4K / B=16 L=16K / B=16 L=4K in the checker (perf.md, session 17).
-// Session 45: kV2Regs added (above); the drift loop runs where the register loop's plan
-// does not (more than 8 query rows per KV head, forced chunks of no multiple of 16 keys).
+// Session 45: kV2Regs added (above); the drift loop runs where the register loop does not:
+// devices below kRegsMinPeakGBs, more than 8 query rows per KV head, forced chunks of no
+// multiple of 16 keys.
 constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl | kV2Drift | kV2Regs;
 // Before: kV2Short (session 6; before it kV2Hoist, hoisted
 // page lookups alone: -DJAXATTN_DECODE_V2_VARIANT=kV2Hoist builds that). H200, session 4

@@ -85,8 +85,8 @@ struct BwdTraits {
   static constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kBlockM = kRows ? 128 : 64;  // query rows per step (one dS^T chunk; kRows: two)
   // (3 stages: same speed at head dim 64 (session 5; the pingpong again in session 38
-  // run 4: 0 +- 1%), -1 to +0.3% at 128 (session 9) and -2.9 to +1.3% there in session
-  // 44 (H100, with the dQ warp and the late dQ).)
+  // run 4: 0 +- 1%), -1 to +0.3% at 128 (session 9) and -2.9 to +2.8% there in session
+  // 44 (H100, with the dQ warp and the late dQ; no consistent sign).)
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // setmaxnreg only moves registers inside the CTA's launch allocation, 168 per thread
