@@ -251,7 +251,9 @@ V2_VARIANTS = {"old": 0, "hoist": 1, "short": 769, "short_lean": 769 | 4096, "sh
                "default_cpasync": 769 | 4096 | 2048, "default": -1,
                "drift": 769 | 4096 | 2048 | 8192,
                "drift_swap": 769 | 4096 | 2048 | 8192 | 16384,
-               "default_regs": 769 | 4096 | 2048 | 8192 | 32768 | 65536}
+               "default_regs": 769 | 4096 | 2048 | 8192 | 32768 | 65536,
+               # the register loop with 2 groups a warp prefetched into L2 before the PDL wait
+               "regs_warm": 769 | 4096 | 2048 | 8192 | 32768 | 65536 | (2 << 17)}
 
 
 @gpu
@@ -361,7 +363,7 @@ def test_cache_rows_past_the_length_never_reach_the_output(monkeypatch, impl, va
 
 @pytest.mark.parametrize("impl", CUDA)
 @pytest.mark.parametrize("knob, bad_values", [("JAXATTN_CUDA_DECODE_CHUNK", ("-1", "9000", "x")),
-                                              ("JAXATTN_CUDA_DECODE_VARIANT", ("-2", str(1 << 17), "x"))],
+                                              ("JAXATTN_CUDA_DECODE_VARIANT", ("-2", str(1 << 19), "x"))],
                          ids=["chunk", "variant"])
 def test_cuda_bad_knob(monkeypatch, impl, knob, bad_values):
     """The test knobs (forced chunk, loader variant) are checked at trace time."""

@@ -40,11 +40,29 @@ __device__ __forceinline__ void row_keys(const AttnParams& p, int b, int* lo, in
   *len = l;
 }
 
+// The keys [*j_begin, *j_end) of chunk `split` of a row whose visible keys are
+// [lo, len) (lo rounded down to the loop's alignment): chunks of plan.chunk keys,
+// or with plan.adaptive the row's own keys cut into plan.splits chunks of a
+// multiple of 64 keys (at most plan.chunk).
+__device__ __forceinline__ void chunk_keys(const DecodePlan& plan, int split, int lo, int len, int* j_begin,
+                                           int* j_end) {
+  int chunk = plan.chunk;
+  if (plan.adaptive) {
+    const int per = (len - lo + plan.splits - 1) / plan.splits;
+    chunk = min(plan.chunk, max(64, (per + 63) / 64 * 64));
+  }
+  *j_begin = min(len, lo + split * chunk);
+  *j_end = min(len, *j_begin + chunk);
+}
+
 // One CTA per (query row of a KV head, KV head, batch row); thread h merges
 // element h of the plan.splits partial outputs.
 template <bool kBf16>
 __global__ void decode_combine_kernel(const __grid_constant__ AttnParams p, const DecodePlan plan) {
   ptx::griddep_wait();  // launched programmatically after the split kernel (plan.pdl): its partials
+  // plan.warm: the next grid (the next decode call's) may launch now; its CTAs prefetch
+  // their first keys while this grid finishes, then wait for it.
+  if (plan.warm > 0) ptx::griddep_launch_dependents();
   const int row = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
   const int G = p.num_heads / p.num_heads_k, K = p.num_heads_k, H = p.head_dim;
   const int64_t slot0 = ((int64_t(b) * K + kh) * p.num_splits) * plan.rows + row;

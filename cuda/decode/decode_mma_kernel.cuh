@@ -238,9 +238,14 @@ __global__ void __launch_bounds__(MmaLayout<H, kLoop>::kThreads)
 #endif
   JAXATTN_DECODE_MARK(0);
   // plan.pdl (launched with programmatic stream serialization): nothing the
-  // previous grid writes is read before it has completed; the next grid may
-  // launch now (its CTAs take SM slots as ours free them, then wait likewise).
+  // previous grid writes is read before it has completed (plan.warm reads the
+  // row's length and page ids earlier, as prefetch hints only:
+  // reg_loop_warm_l2); the next grid may launch now (its CTAs take SM slots as
+  // ours free them, then wait likewise).
   if (plan.pdl) {
+    if constexpr (L::kRegs) {
+      if (plan.warm > 0) reg_loop_warm_l2<H, Elem>(p, plan, b, kh, split);
+    }
     ptx::griddep_wait();
     ptx::griddep_launch_dependents();
   }
@@ -300,13 +305,8 @@ __global__ void __launch_bounds__(MmaLayout<H, kLoop>::kThreads)
   [[maybe_unused]] const int lo_keys = lo;
   if constexpr (L::kDrift) lo = lo / 64 * 64;
   if constexpr (L::kRegs) lo = lo / kRegGroupKeys * kRegGroupKeys;  // (the register loop's 16-key groups)
-  int chunk = plan.chunk;
-  if (plan.adaptive) {
-    const int per = (len - lo + plan.splits - 1) / plan.splits;
-    chunk = min(plan.chunk, max(64, (per + 63) / 64 * 64));
-  }
-  const int j_begin = min(len, lo + split * chunk);
-  const int j_end = min(len, j_begin + chunk);
+  int j_begin, j_end;
+  chunk_keys(plan, split, lo, len, &j_begin, &j_end);
   const int num_tiles = (j_end - j_begin + kBlockN - 1) / kBlockN;
 
   // Page ids of the chunk (clamped), and the query rows (zero past the last).

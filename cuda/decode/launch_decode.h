@@ -39,7 +39,7 @@ int decode_max_splits(int capacity, int forced_chunk = 0);
 // below kV2VariantEnd (tests and benchmarks: a same-run A/B through JAX).
 LaunchStatus decode_fwd(const AttnParams& p, cudaStream_t stream, int version = 1, int forced_chunk = 0,
                         int variant = -1);
-constexpr int kV2VariantEnd = 1 << 17;
+constexpr int kV2VariantEnd = 1 << 19;
 
 // Loader variants of version 2 (bits; decode_check measures them side by
 // side). kV2Hoist: a tile's page ids are read once per tile (two shared-memory
@@ -110,6 +110,12 @@ constexpr int kV2SwapAB = 1 << 14;
 constexpr int kV2Regs = 1 << 15;
 constexpr int kV2RegsAnywhere = 1 << 16;
 constexpr int kRegsMinPeakGBs = 4000;
+// Bits 17-18 (kV2WarmShift; the register loop with kV2Pdl, session 46): 16-key groups
+// per warp (0-3) whose K and V lines each CTA prefetches into L2 before it waits for
+// the previous grid (decode_reg_loop.cuh, reg_loop_warm_l2), and the combine kernel
+// lets the next grid launch as soon as it starts: back-to-back decode calls (a model's
+// layers) put the DRAM to work during the previous call's tail.
+constexpr int kV2WarmShift = 17;
 constexpr int kV2Old = 0;
 constexpr int kV2New = kV2Hoist | (2 << kV2PrefetchShift);
 // kV2Short: the short-context candidate for the default (H200 run 1 of the

@@ -149,6 +149,7 @@ DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant
   plan.prefetch = (variant >> kV2PrefetchShift) & 15;
   plan.refill = (variant & kV2Refill) != 0;
   plan.lean = (variant & kV2Lean) != 0;
+  plan.warm = (variant >> kV2WarmShift) & 3;
   const bool want_cluster = (variant & kV2Cluster) != 0;
   auto finish = [&](DecodePlan& pl) {
     pl.cluster = want_cluster && pl.splits == kClusterSplits && cluster(pl.splits);
