@@ -252,8 +252,9 @@ V2_VARIANTS = {"old": 0, "hoist": 1, "short": 769, "short_lean": 769 | 4096, "sh
                "drift": 769 | 4096 | 2048 | 8192,
                "drift_swap": 769 | 4096 | 2048 | 8192 | 16384,
                "default_regs": 769 | 4096 | 2048 | 8192 | 32768 | 65536,
-               # the register loop with 2 groups a warp prefetched into L2 before the PDL wait
-               "regs_warm": 769 | 4096 | 2048 | 8192 | 32768 | 65536 | (2 << 17)}
+               # ... with 1 (the default's) or 2 groups a warp prefetched into L2 before the PDL wait
+               "regs_warm1": 769 | 4096 | 2048 | 8192 | 32768 | 65536 | (1 << 17),
+               "regs_warm2": 769 | 4096 | 2048 | 8192 | 32768 | 65536 | (2 << 17)}
 
 
 @gpu

@@ -109,6 +109,14 @@ __device__ __forceinline__ uint4 ldg_stream_16(const void* gmem, bool valid) {
   return v;
 }
 
+// A 32-bit load cached in L2 only (ld.global.cg): it leaves no line in this SM's L1
+// that a later ordinary load of the same address could return stale.
+__device__ __forceinline__ int32_t ldg_l2_only_s32(const int32_t* gmem) {
+  int32_t v;
+  asm volatile("ld.global.cg.s32 %0, [%1];\n" : "=r"(v) : "l"(gmem));
+  return v;
+}
+
 // Fetches the 128-byte line holding `gmem` into L2 (no register written,
 // nothing to wait for).
 __device__ __forceinline__ void prefetch_l2(const void* gmem) {

@@ -31,13 +31,18 @@ __device__ __forceinline__ uint16_t to_half_bits(float x) {
   }
 }
 
-// The keys any query of row b may see: [lo, len).
-__device__ __forceinline__ void row_keys(const AttnParams& p, int b, int* lo, int* len) {
-  const int l = min(max(p.kv_lengths[b], 0), p.seqlen_k);
+// The keys any query of a row of length `length` (as stored: clamped here) may see: [lo, len).
+__device__ __forceinline__ void keys_of_length(const AttnParams& p, int length, int* lo, int* len) {
+  const int l = min(max(length, 0), p.seqlen_k);
   int first = 0;
   if (p.window_left >= 0) first = max(0, l - p.seqlen_q - p.window_left);
   *lo = min(first, l);
   *len = l;
+}
+
+// The keys any query of row b may see: [lo, len).
+__device__ __forceinline__ void row_keys(const AttnParams& p, int b, int* lo, int* len) {
+  keys_of_length(p, p.kv_lengths[b], lo, len);
 }
 
 // The keys [*j_begin, *j_end) of chunk `split` of a row whose visible keys are

@@ -219,9 +219,11 @@ __device__ __forceinline__ void reg_loop(const AttnParams& p, const RegLoopArgs&
 // their lines in L2 instead of paying the DRAM latency after the wait.
 // The row's length and page ids are read here before the previous grid has completed,
 // which may still write them: they only pick which lines are fetched, every one inside
-// the caches (lengths and pages clamped as the kernel clamps them). A prefetched line
-// is never stale: L2 is where every write of the previous grid lands, and the loop's
-// own loads (after the wait, through no L1 copy) read from it.
+// the caches (lengths and pages clamped as the kernel clamps them), and they are read
+// through L2 only (ld.global.cg), so no line of them stays in L1 for the kernel's own
+// reads after the wait. A prefetched K / V line is never stale either: L2 is where
+// every write of the previous grid lands, and the loop's loads (after the wait, with
+// no L1 allocation) read from it.
 template <int H, typename Elem>
 __device__ __forceinline__ void reg_loop_warm_l2(const AttnParams& p, const DecodePlan& plan, int b, int kh,
                                                  int split) {
@@ -230,7 +232,7 @@ __device__ __forceinline__ void reg_loop_warm_l2(const AttnParams& p, const Deco
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int r = lane / 2, half = lane % 2;  // key row of the group, 128-byte line of the row
   int lo, len, j_begin, j_end;
-  row_keys(p, b, &lo, &len);
+  keys_of_length(p, ptx::ldg_l2_only_s32(p.kv_lengths + b), &lo, &len);
   chunk_keys(plan, split, lo / kG * kG, len, &j_begin, &j_end);
   const Elem* kc = static_cast<const Elem*>(p.k) + kh * p.k_head_stride + half * (H / 2);
   const Elem* vc = static_cast<const Elem*>(p.v) + kh * p.v_head_stride + half * (H / 2);
@@ -240,7 +242,8 @@ __device__ __forceinline__ void reg_loop_warm_l2(const AttnParams& p, const Deco
     int64_t krow = j, vrow = j, kpage = b, vpage = b;
     if (p.block_table != nullptr) {
       const int rel = min(j / p.page_size, p.max_pages - 1);
-      kpage = vpage = min(max(p.block_table[int64_t(b) * p.max_pages + rel], 0), p.num_pages - 1);
+      kpage = vpage = min(max(ptx::ldg_l2_only_s32(p.block_table + int64_t(b) * p.max_pages + rel), 0),
+                          p.num_pages - 1);
       krow = vrow = j - (j / p.page_size) * p.page_size;
     }
     ptx::prefetch_l2(kc + kpage * p.k_batch_stride + krow * p.k_row_stride);

@@ -136,7 +136,11 @@ constexpr int kV2ShortLong = kV2Short | kV2LongChunks;
 // Session 45: kV2Regs added (above); the drift loop runs where the register loop does not:
 // devices below kRegsMinPeakGBs, more than 8 query rows per KV head, forced chunks of no
 // multiple of 16 keys.
-constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl | kV2Drift | kV2Regs;
+// Session 46: with 1 group a warp of L2 warm-up (kV2WarmShift; the register loop only).
+// H200, B=16 L=4K, same runs: checker (back-to-back PDL calls) 88-89 -> 91% (warm 2:
+// 91-92%), through JAX (decode.py, 8 layers a step) 83 -> 85% (warm 2: 82%, inside
+// that run's +-2); other rows within 1 point.
+constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl | kV2Drift | kV2Regs | (1 << kV2WarmShift);
 // Before: kV2Short (session 6; before it kV2Hoist, hoisted
 // page lookups alone: -DJAXATTN_DECODE_V2_VARIANT=kV2Hoist builds that). H200, session 4
 // (scripts/decode_standalone.sh, page 64, shuffled pages, B=64 L=16K): old 58%,

@@ -155,7 +155,8 @@ static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int nu
 // into L2 before the wait for the previous grid (kV2WarmShift).
 // The default (kV2Default) is kV2Short | kV2Lean | kV2Pdl | kV2Drift | kV2Regs.
 constexpr int kShortNoCluster = jc::kV2Short & ~jc::kV2Cluster;
-constexpr int kRegsWarm2 = jc::kDecodeV2DefaultVariant | jc::kV2RegsAnywhere | (2 << jc::kV2WarmShift);
+constexpr int kNoWarm = jc::kDecodeV2DefaultVariant & ~(3 << jc::kV2WarmShift);
+constexpr int kRegsWarm2 = kNoWarm | jc::kV2RegsAnywhere | (2 << jc::kV2WarmShift);
 static const char* kernel_name(int kernel) {
   switch (kernel) {
     case 1: return "v1";
@@ -548,7 +549,7 @@ static void timeline(double peak, int B, int L) {
   // (The register loop, the default at H=128 since session 45, stamps no first tile: its
   // "first tile" column is 0 and its loop includes the first loads' wait.)
   const Cfg cfgs[] = {{"paged", def, 0},
-                      {"paged, warm 1", def | jc::kV2RegsAnywhere | (1 << jc::kV2WarmShift), 0},
+                      {"paged, no warm-up", kNoWarm | jc::kV2RegsAnywhere, 0},
                       {"paged, warm 2", kRegsWarm2, 0},
                       {"paged, drift loop", def & ~jc::kV2Regs, 0},
                       {"paged, cp.async loop", def & ~(jc::kV2Drift | jc::kV2Regs), 0},
