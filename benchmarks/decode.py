@@ -85,8 +85,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--time-budget", type=float, default=80.0, help="seconds; later rows are skipped")
     p.add_argument("--v2-variants", default="",
-                   help="extra columns NAME=BITS,...: cuda_v2 paged with those kV2* loader bits "
-                        "(JAXATTN_CUDA_DECODE_VARIANT; cuda/decode/launch_decode.h), for a same-run A/B")
+                   help="extra columns NAME=BITS[/CHUNK],...: cuda_v2 paged with those kV2* loader bits "
+                        "(JAXATTN_CUDA_DECODE_VARIANT; cuda/decode/launch_decode.h; -1 = the default) and, "
+                        "after a slash, chunks of exactly CHUNK keys (JAXATTN_CUDA_DECODE_CHUNK), for a "
+                        "same-run A/B")
     p.add_argument("--layers", type=int, default=None,
                    help="decode calls per jitted step (a model's layers), each with its own query; "
                         "default 8 on GPUs, 1 on the CPU")
@@ -224,12 +226,14 @@ def main(argv=None):
             impls[f"{impl} paged"] = lambda q, kp, vp, kc, vc, L, t, impl=impl: jaxattn.decode_attention(
                 q, kp, vp, kv_lengths=L, block_table=t, implementation=impl)
         for item in filter(None, args.v2_variants.split(",")):
-            vname, bits = item.split("=")
+            vname, spec = item.split("=")
+            bits, _, chunk = spec.partition("/")
+            knobs = {"JAXATTN_CUDA_DECODE_VARIANT": bits, **({"JAXATTN_CUDA_DECODE_CHUNK": chunk} if chunk else {})}
 
-            def traced_with(fn, bits=bits):
-                # The knob is read while the call is traced (inside jax.jit's lowering).
+            def traced_with(fn, knobs=knobs):
+                # The knobs are read while the call is traced (inside jax.jit's lowering).
                 def run(*a):
-                    with mock.patch.dict(os.environ, {"JAXATTN_CUDA_DECODE_VARIANT": bits}):
+                    with mock.patch.dict(os.environ, knobs):
                         return fn(*a)
                 return run
             impls[f"cuda_v2 paged [{vname}]"] = traced_with(lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(

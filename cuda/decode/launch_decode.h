@@ -139,7 +139,8 @@ constexpr int kV2ShortLong = kV2Short | kV2LongChunks;
 // Session 46: with 1 group a warp of L2 warm-up (kV2WarmShift; the register loop only).
 // H200, B=16 L=4K, same runs: checker (back-to-back PDL calls) 88-89 -> 91% (warm 2:
 // 91-92%), through JAX (decode.py, 8 layers a step) 83 -> 85% (warm 2: 82%, inside
-// that run's +-2); other rows within 1 point.
+// that run's +-2); other rows within 1 point. H100, the register loop forced: checker
+// 93 -> 97% (warm 2), through JAX +-1 (perf.md, session 46).
 constexpr int kV2Default = kV2Short | kV2Lean | kV2Pdl | kV2Drift | kV2Regs | (1 << kV2WarmShift);
 // Before: kV2Short (session 6; before it kV2Hoist, hoisted
 // page lookups alone: -DJAXATTN_DECODE_V2_VARIANT=kV2Hoist builds that). H200, session 4
