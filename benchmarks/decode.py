@@ -34,12 +34,17 @@ L=4K the H200 machine's host took 92 us to enqueue each 97 us call (session 16;
 `--layers 1` still measures that way).
 
 Timing: jitted, compiled ahead of time, `--warmup` untimed calls, then
-`--rep-batches` batches of `--reps` calls issued back to back (one
-block_until_ready per batch, so small calls are not timed as launch
-latency; by default as many calls as make a batch ~20 ms, 10..400: with 10
-calls the first call's dispatch and the final wake-up added ~10% to a 70 us
-call), the implementations of a row taking turns batch by batch (round
-robin); the time of a call is the median batch time / reps. Rows stop
+`--rep-batches` rounds; in each, every implementation of the row in turn (round
+robin) runs a batch of `--reps` steps issued back to back and one
+block_until_ready, then a batch of twice as many (by default as many steps as
+make the first batch ~20 ms, 3..400). The time of a step is the median over the
+rounds of (T(2 reps) - T(reps)) / reps: what a step adds to a device kept busy, as
+in a serving loop. A batch's fixed cost (the first step's dispatch while the
+device idles, the wake-up after the sync) cancels; before session 46 one batch
+was timed alone (T(reps) / reps), which charged that cost to the calls (a few
+percent at the short rows' ~10 ms batches). The JSON keeps that "lone batch" time
+and the fixed cost per implementation, and the read bandwidth is measured the
+same way (the slope over batches of 10 and 20 sums). Rows stop
 starting after `--time-budget` seconds (default 80: the default grid takes
 about a minute on an H200). A failing
 implementation (unsupported by cuDNN, out of memory, no such kernel) is
@@ -102,28 +107,45 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def measure(jax, fn, args, reps, warmup, batches=3, enqueue=None):
-    """(seconds per call, output): median over `batches` of `reps` back-to-back calls.
-    `enqueue`: a list that gets each batch's host time per call up to the last
-    call's return (before the sync): when it is close to the time per call, the
-    batch is bound by the host's dispatch, not by the device."""
+def batch_time(jax, fn, args, n, enqueue=None):
+    """(seconds for `n` back-to-back calls and one sync, output); `enqueue` gets the
+    host's time per call up to the last call's return (before the sync)."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out = fn(*args)
+    t1 = time.perf_counter()
+    jax.block_until_ready(out)
+    if enqueue is not None:
+        enqueue.append((t1 - t0) / n)
+    return time.perf_counter() - t0, out
+
+
+def measure(jax, fn, args, reps, warmup, batches=3, enqueue=None, fixed=None, per_batch=None):
+    """(seconds per call, output): the median over `batches` of the slope between a
+    batch of `reps` and one of 2 `reps` back-to-back calls, (T(2 reps) - T(reps)) /
+    reps: what a call adds to a stream that is kept busy, as in a serving loop. A
+    batch's fixed cost -- the first call's dispatch while the device idles, the
+    wake-up after the last -- is in both and cancels (session 46: with one batch
+    timed alone, it was a few percent of the short rows' ~10 ms batches).
+    `fixed` gets each pair's T(reps) - reps * slope (that fixed cost), `per_batch`
+    T(reps) / reps (the time per call of a lone batch: the method before session 46)."""
     out = None
     for _ in range(warmup):
         out = jax.block_until_ready(fn(*args))
-    times = []
+    slopes = []
     for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            out = fn(*args)
-        t1 = time.perf_counter()
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / reps)
-        if enqueue is not None:
-            enqueue.append((t1 - t0) / reps)
-    return statistics.median(times), out
+        t1, out = batch_time(jax, fn, args, reps, enqueue)
+        t2, out = batch_time(jax, fn, args, 2 * reps)
+        slope = max(t2 - t1, 1e-12) / reps
+        slopes.append(slope)
+        if fixed is not None:
+            fixed.append(t1 - reps * slope)
+        if per_batch is not None:
+            per_batch.append(t1 / reps)
+    return statistics.median(slopes), out
 
 
-def reps_for(jax, fn, args, target_s=20e-3, lo=10, hi=400):
+def reps_for(jax, fn, args, target_s=20e-3, lo=3, hi=400):
     """Calls per batch so that a batch lasts about `target_s` (one timed call decides)."""
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
@@ -180,7 +202,7 @@ def read_bandwidth(jax, jnp, device, nbytes):
     """Bytes/s of a jitted reduction over `nbytes` (what the chip can read)."""
     x = jax.device_put(jnp.ones((nbytes // 4,), jnp.float32), device)
     fn = jax.jit(lambda x: jnp.sum(x))
-    t, _ = measure(jax, fn, (x,), 10, 2)  # (4 GiB: launch latency does not matter)
+    t, _ = measure(jax, fn, (x,), 10, 2)  # (the same slope as the calls it divides)
     return nbytes / t
 
 
@@ -291,7 +313,7 @@ def main(argv=None):
             # are timed round robin (one batch of each per repetition), so clock /
             # thermal drift lands on all columns alike (sequential timing read the
             # same kernel up to 11 points of bandwidth apart, session 6).
-            ref, compiled, times, reps, enqueue = None, {}, {}, {}, {}
+            ref, compiled, times, reps, enqueue, fixed, per_batch = None, {}, {}, {}, {}, {}, {}
             for name in impls:  # "jaxattn xla paged" first: the reference of the others
                 try:
                     try:
@@ -318,14 +340,15 @@ def main(argv=None):
                             block_table=table if paged else None, implementation=impl, platform=platform)
                     compiled[name], times[name] = fn, []
                     reps[name] = args.reps or reps_for(jax, fn, inputs)
-                    enqueue[name] = []
+                    enqueue[name], fixed[name], per_batch[name] = [], [], []
                 except Exception as e:  # noqa: BLE001 - record and go on
                     rec = failure(e)
                 row["impls"][name] = rec
             for _ in range(args.rep_batches):
                 for name, fn in list(compiled.items()):
                     try:
-                        t, _ = measure(jax, fn, inputs, reps[name], 0, batches=1, enqueue=enqueue[name])
+                        t, _ = measure(jax, fn, inputs, reps[name], 0, batches=1, enqueue=enqueue[name],
+                                       fixed=fixed[name], per_batch=per_batch[name])
                         times[name].append(t)
                     except Exception as e:  # noqa: BLE001
                         row["impls"][name] = failure(e)
@@ -335,7 +358,9 @@ def main(argv=None):
                 t = statistics.median(times[name]) / n_layers  # per call
                 row["impls"][name].update({"ms": t * 1e3, "GB/s": nbytes / t / 1e9, "of_peak": nbytes / t / peak,
                                            "calls_per_batch": reps[name],
-                                           "host_enqueue_ms": statistics.median(enqueue[name]) * 1e3 / n_layers})
+                                           "host_enqueue_ms": statistics.median(enqueue[name]) * 1e3 / n_layers,
+                                           "batch_fixed_ms": statistics.median(fixed[name]) * 1e3,
+                                           "lone_batch_ms": statistics.median(per_batch[name]) * 1e3 / n_layers})
             for name in impls:
                 print(f"B={B} L={L} {name}: {row['impls'].get(name)}", file=sys.stderr)
             del compiled, ref
@@ -377,11 +402,15 @@ def main(argv=None):
     if "cuda_v2 paged" in impls:
         # Host-bound check: a batch whose calls are enqueued about as slowly as they
         # complete measures the host's dispatch, not the kernel.
-        print("\n| B | L | cuda_v2 paged us / call | host enqueue us / call | steps per batch |\n|---|---|---|---|---|")
+        # The lone-batch time (the method before session 46) and a batch's fixed cost show
+        # what the slope leaves out.
+        print("\n| B | L | cuda_v2 paged us / call | lone batch us / call | batch fixed cost us | "
+              "host enqueue us / call | steps per batch |\n|---|---|---|---|---|---|---|")
         for r in rows:
             rec = r["impls"].get("cuda_v2 paged", {})
             if rec.get("ms") is not None:
-                print(f"| {r['B']} | {r['L']} | {rec['ms'] * 1e3:.1f} | {rec['host_enqueue_ms'] * 1e3:.1f} | "
+                print(f"| {r['B']} | {r['L']} | {rec['ms'] * 1e3:.1f} | {rec['lone_batch_ms'] * 1e3:.1f} | "
+                      f"{rec['batch_fixed_ms'] * 1e3:.0f} | {rec['host_enqueue_ms'] * 1e3:.1f} | "
                       f"{rec['calls_per_batch']} |")
     bad = any(not rec.get("check_ok", True) for r in rows for rec in r["impls"].values())
     return 1 if bad else 0

@@ -904,3 +904,31 @@ def test_decode_benchmark_layered_step_on_cpu(tmp_path):
     step = bench.layered(lambda q, kp, vp, kc, vc, L, t: jaxattn.decode_attention(q, kc, vc, kv_lengths=L), 2)
     out = step(qs, [kc], [kc], [kc], [kc * 2], jnp.array([16], jnp.int32), None)
     assert out.shape == (2, 1, 1, 4, 8) and not np.allclose(out[0], out[1])
+
+
+def test_decode_benchmark_times_the_slope_not_the_batch_overhead():
+    """benchmarks/decode.py's measure(): the time of a call is the slope between a batch of
+    n and one of 2n back-to-back calls, so a batch's fixed cost (here a 30 ms sync against
+    4 ms calls) is reported apart and not charged to the calls."""
+    import importlib.util
+    import os
+    import statistics
+    import time
+    import types
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "decode.py")
+    spec = importlib.util.spec_from_file_location("decode_benchmark_slope", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    fake_jax = types.SimpleNamespace(block_until_ready=lambda x: (time.sleep(0.03), x)[1])
+
+    def call():
+        time.sleep(0.004)
+        return 1
+
+    fixed, lone = [], []
+    t, out = bench.measure(fake_jax, call, (), 5, 0, batches=3, fixed=fixed, per_batch=lone)
+    assert out == 1
+    assert 0.0035 < t < 0.0055, t                              # the call's own 4 ms
+    assert 0.025 < statistics.median(fixed) < 0.04, fixed      # the sync, apart
+    assert statistics.median(lone) > 0.009, lone               # a lone batch: 4 + 30 / 5 ms a call
