@@ -244,7 +244,12 @@ __global__ void __launch_bounds__(MmaLayout<H, kLoop>::kThreads)
   // ours free them, then wait likewise).
   if (plan.pdl) {
     if constexpr (L::kRegs) {
-      if (plan.warm > 0) reg_loop_warm_l2<H, Elem>(p, plan, b, kh, split);
+      if (plan.warm > 0) {  // (this chunk's keys from the length as it reads now: hints only)
+        int wlo, wlen, wb, we;
+        keys_of_length(p, ptx::ldg_l2_only_s32(p.kv_lengths + b), &wlo, &wlen);
+        chunk_keys(plan, split, wlo / kRegGroupKeys * kRegGroupKeys, wlen, &wb, &we);
+        reg_loop_warm_l2<H, Elem>(p, b, kh, wb, we, plan.warm);
+      }
     }
     ptx::griddep_wait();
     ptx::griddep_launch_dependents();

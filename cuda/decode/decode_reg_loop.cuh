@@ -213,41 +213,40 @@ __device__ __forceinline__ void reg_loop(const AttnParams& p, const RegLoopArgs&
 }
 
 // plan.warm (kV2WarmShift; with plan.pdl, before the CTA waits for the previous grid):
-// each warp prefetches into L2 the K and V lines of its first plan.warm 16-key groups
-// (the groups reg_loop loads first: warp, warp + kRegWarps, ...), so the DRAM works for
-// this grid while the previous grid's last CTAs finish, and the loop's first loads find
-// their lines in L2 instead of paying the DRAM latency after the wait.
-// The row's length and page ids are read here before the previous grid has completed,
-// which may still write them: they only pick which lines are fetched, every one inside
-// the caches (lengths and pages clamped as the kernel clamps them), and they are read
-// through L2 only (ld.global.cg), so no line of them stays in L1 for the kernel's own
-// reads after the wait. A prefetched K / V line is never stale either: L2 is where
-// every write of the previous grid lands, and the loop's loads (after the wait, with
-// no L1 allocation) read from it.
+// each warp prefetches into L2 the K and V lines of its first `groups` 16-key groups of
+// the chunk's keys [j_begin, j_end) (the groups reg_loop loads first: warp, warp +
+// kRegWarps, ...), so the DRAM works for this grid while the previous grid's last CTAs
+// finish, and the loop's first loads find their lines in L2 instead of paying the DRAM
+// latency after the wait.
+// The caller (decode_mma_kernel) takes j_begin / j_end from the row's length read then,
+// and this reads the page ids, before the previous grid has completed, which may still
+// write them: they only pick which lines are fetched, every one inside the caches
+// (lengths and page ids clamped as the kernel clamps them), and they are read through L2
+// only (ld.global.cg), so no line of them stays in L1 for the kernel's own reads after
+// the wait. A prefetched K / V line is never stale either: L2 is where every write of
+// the previous grid lands, and the loop's loads (after the wait, with no L1 allocation)
+// read from it. (tests/cuda_emu/reg_loop_check.cc checks the lines it fetches.)
 template <int H, typename Elem>
-__device__ __forceinline__ void reg_loop_warm_l2(const AttnParams& p, const DecodePlan& plan, int b, int kh,
-                                                 int split) {
+__device__ __forceinline__ void reg_loop_warm_l2(const AttnParams& p, int b, int kh, int j_begin, int j_end,
+                                                 int groups) {
   static_assert(H * int(sizeof(Elem)) == 256, "a key row is two 128-byte lines");
   constexpr int kW = kRegWarps, kG = kRegGroupKeys;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int r = lane / 2, half = lane % 2;  // key row of the group, 128-byte line of the row
-  int lo, len, j_begin, j_end;
-  keys_of_length(p, ptx::ldg_l2_only_s32(p.kv_lengths + b), &lo, &len);
-  chunk_keys(plan, split, lo / kG * kG, len, &j_begin, &j_end);
   const Elem* kc = static_cast<const Elem*>(p.k) + kh * p.k_head_stride + half * (H / 2);
   const Elem* vc = static_cast<const Elem*>(p.v) + kh * p.v_head_stride + half * (H / 2);
-  for (int i = 0; i < plan.warm; ++i) {
+  for (int i = 0; i < groups; ++i) {
     const int j = j_begin + (warp + kW * i) * kG + r;
     if (j >= j_end) break;
-    int64_t krow = j, vrow = j, kpage = b, vpage = b;
+    int64_t row = j, page = b;
     if (p.block_table != nullptr) {
-      const int rel = min(j / p.page_size, p.max_pages - 1);
-      kpage = vpage = min(max(ptx::ldg_l2_only_s32(p.block_table + int64_t(b) * p.max_pages + rel), 0),
-                          p.num_pages - 1);
-      krow = vrow = j - (j / p.page_size) * p.page_size;
+      const int rel = j / p.page_size;
+      page = min(max(ptx::ldg_l2_only_s32(p.block_table + int64_t(b) * p.max_pages + min(rel, p.max_pages - 1)), 0),
+                 p.num_pages - 1);
+      row = j - rel * p.page_size;
     }
-    ptx::prefetch_l2(kc + kpage * p.k_batch_stride + krow * p.k_row_stride);
-    ptx::prefetch_l2(vc + vpage * p.v_batch_stride + vrow * p.v_row_stride);
+    ptx::prefetch_l2(kc + page * p.k_batch_stride + row * p.k_row_stride);
+    ptx::prefetch_l2(vc + page * p.v_batch_stride + row * p.v_row_stride);
   }
 }
 

@@ -5,6 +5,8 @@
 // fp16. What it checks is the loop's own logic (fragment mapping, group walk, page lookups,
 // masks, online softmax, the zeroed value rows) and that no load leaves the caches; the
 // kernel's prologue and warp merge are transcribed here (they are the other loops' too).
+// Also the L2 warm-up before the PDL wait (reg_loop_warm_l2): the lines it prefetches are
+// exactly those of each warp's first 1-3 groups, all inside the caches.
 //   c++ -std=c++17 -O2 -pthread -Itests/cuda_emu -Icuda tests/cuda_emu/reg_loop_check.cc
 // Prints one line per case and "N ok, M FAIL"; exit status 1 on any failure.
 #include <algorithm>
@@ -115,6 +117,30 @@ bool run_case(const Case& c, uint64_t seed, double* err_out) {
       if (paged && j_begin < j_end)
         for (int t = 0; t <= (j_end - 1) / ps - page0; ++t)
           pages_s.push_back(std::min(std::max(table[b * max_pages + page0 + t], 0), num_pages - 1));
+      // The L2 warm-up (kV2WarmShift) with 1-3 groups a warp: exactly the K and V lines of
+      // each warp's first groups (both 128-byte halves of every key row), nothing else.
+      for (int groups = 1; groups <= 3; ++groups) {
+        warp_emu::prefetched().clear();
+        for (int t = 0; t < kThreads; ++t) {
+          threadIdx.x = unsigned(t);
+          reg_loop_warm_l2<H, E>(p, b, kh, j_begin, j_end, groups);
+        }
+        std::vector<const char*> want;
+        for (int w = 0; w < kRegWarps; ++w)
+          for (int i = 0; i < groups; ++i)
+            for (int r = 0; r < kRegGroupKeys; ++r) {
+              const int j = j_begin + (w + kRegWarps * i) * kRegGroupKeys + r;
+              if (j >= j_end) continue;
+              for (int half = 0; half < 2; ++half) {
+                want.push_back(reinterpret_cast<const char*>(k.data() + krow(j) + kh * H + half * (H / 2)));
+                want.push_back(reinterpret_cast<const char*>(v.data() + krow(j) + kh * H + half * (H / 2)));
+              }
+            }
+        std::vector<const char*> got = warp_emu::prefetched();
+        std::sort(want.begin(), want.end());
+        std::sort(got.begin(), got.end());
+        if (got != want) ok = false;
+      }
       p.kv_lengths = nullptr;
       const RegLoopArgs args{static_cast<const uint16_t*>(p.k) + kh * p.k_head_stride,
                              static_cast<const uint16_t*>(p.v) + kh * p.v_head_stride,

@@ -41,6 +41,10 @@ inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
   return r;
 }
 
+// CUDA's integer min / max (device functions the loop's page-id clamps use).
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
 namespace warp_emu {
 
 // 16-bit element types standing in for __nv_bfloat16 / __half (2 bytes, bits only).
@@ -143,6 +147,11 @@ inline std::mutex& oob_mu() {
 inline long& oob_reads() {
   static long n = 0;
   return n;
+}
+// Addresses passed to prefetch.global.L2 (the register loop's warm-up), in call order.
+inline std::vector<const char*>& prefetched() {
+  static std::vector<const char*> v;
+  return v;
 }
 
 }  // namespace warp_emu

@@ -93,4 +93,18 @@ inline uint4 ldg_stream_16(const void* gmem, bool valid) {
   return make_uint4(0, 0, 0, 0);
 }
 
+// ld.global.cg of an int32 (a plain read here).
+inline int32_t ldg_l2_only_s32(const int32_t* gmem) { return *gmem; }
+
+// prefetch.global.L2: recorded (warp_emu::prefetched) and counted as an out-of-bounds read
+// when its 128-byte line is not inside a registered buffer.
+inline void prefetch_l2(const void* gmem) {
+  const char* p = static_cast<const char*>(gmem);
+  std::lock_guard<std::mutex> lk(warp_emu::oob_mu());
+  warp_emu::prefetched().push_back(p);
+  for (const auto& r : warp_emu::regions())
+    if (p >= r.lo && p + 128 <= r.lo + r.bytes) return;
+  ++warp_emu::oob_reads();
+}
+
 }  // namespace jaxattn::ptx
