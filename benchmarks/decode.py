@@ -34,7 +34,7 @@ L=4K the H200 machine's host took 92 us to enqueue each 97 us call (session 16;
 `--layers 1` still measures that way).
 
 Timing: jitted, compiled ahead of time, `--warmup` untimed calls, then
-`--rep-batches` rounds; in each, every implementation of the row in turn (round
+`--rep-batches` rounds (default 5); in each, every implementation of the row in turn (round
 robin) runs a batch of `--reps` steps issued back to back and one
 block_until_ready, then a batch of twice as many (by default as many steps as
 make the first batch ~20 ms, 3..400). The time of a step is the median over the
@@ -86,7 +86,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--reps", type=int, default=0,
                    help="jitted steps per batch; 0: as many as make a batch ~20 ms (10..400)")
-    p.add_argument("--rep-batches", type=int, default=3)
+    p.add_argument("--rep-batches", type=int, default=5,
+                   help="rounds (each: a batch of reps and one of 2 reps per implementation)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--time-budget", type=float, default=80.0, help="seconds; later rows are skipped")
     p.add_argument("--v2-variants", default="",
