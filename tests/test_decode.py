@@ -775,13 +775,15 @@ def test_flax_cache_errors():
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["default", "drift", "drift_swap"])
+@pytest.mark.parametrize("variant", ["default", "drift", "drift_swap", "default_regs", "regs_warm1", "regs_warm2"])
 def test_cuda_decode_reads_the_cache_update_before_it(monkeypatch, variant):
     """A jitted step writes each row's next token into a paged cache, then decodes
     with a query that points at that token (its score dominates): the output is the
     new token's value, as on the XLA path, step after step. The decode kernel is
     launched programmatically right after the cache update, so it must wait for the
-    update before it reads the cache (a read of the old row would show at once)."""
+    update before it reads the cache (a read of the old row would show at once); the
+    register loop's L2 warm-up (regs_warm*) reads the lengths (pos + 1, computed just
+    before) and page ids before that wait, as hints only."""
     if variant != "default":
         monkeypatch.setenv("JAXATTN_CUDA_DECODE_VARIANT", str(V2_VARIANTS[variant]))
     with jax.default_device(device_for("cuda")):
