@@ -55,8 +55,9 @@ struct DecodePlan {
   // lean: the branch-free loader with per-tile bases computed ahead (kV2Lean;
   // contiguous caches and pages of >= one tile).
   bool lean;
-  // warm (the register loop with pdl; kV2WarmShift): 16-key groups per warp whose K / V
-  // lines each CTA prefetches into L2 before it waits for the previous grid (0: none).
+  // warm (the register loop with pdl; kV2WarmShift; reg_plan sets it, 0 elsewhere): 16-key
+  // groups per warp whose K / V lines each CTA prefetches into L2 before it waits for the
+  // previous grid; the combine kernel then lets the next grid launch at its start.
   int warm;
 };
 

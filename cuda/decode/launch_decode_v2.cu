@@ -149,7 +149,6 @@ DecodePlan plan_v2(const AttnParams& p, int slots, int forced_chunk, int variant
   plan.prefetch = (variant >> kV2PrefetchShift) & 15;
   plan.refill = (variant & kV2Refill) != 0;
   plan.lean = (variant & kV2Lean) != 0;
-  plan.warm = (variant >> kV2WarmShift) & 3;
   const bool want_cluster = (variant & kV2Cluster) != 0;
   auto finish = [&](DecodePlan& pl) {
     pl.cluster = want_cluster && pl.splits == kClusterSplits && cluster(pl.splits);
@@ -254,6 +253,7 @@ bool reg_plan(const AttnParams& p, int forced_chunk, int variant, DecodePlan* pl
     *plan = plan_v2(p, device_sms() * per_sm, forced_chunk, variant,
                     [](int s) { return cluster_ok<H, kBf16, decode::kLoopRegs>(s); });
     plan->pdl = (variant & kV2Pdl) != 0 && pdl_ok<H, kBf16, decode::kLoopRegs>();
+    plan->warm = plan->pdl ? (variant >> kV2WarmShift) & 3 : 0;  // (the other loops have none)
     return chunks_cover_rounded_span(p, *plan, kG) && plan->chunk % kG == 0;
   }
 }
