@@ -85,7 +85,7 @@ def parse_args(argv=None):
     p.add_argument("--queries", type=int, default=1, help="Tq")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--reps", type=int, default=0,
-                   help="jitted steps per batch; 0: as many as make a batch ~20 ms (10..400)")
+                   help="jitted steps per batch; 0: as many as make a batch ~20 ms (3..400)")
     p.add_argument("--rep-batches", type=int, default=5,
                    help="rounds (each: a batch of reps and one of 2 reps per implementation)")
     p.add_argument("--warmup", type=int, default=2)

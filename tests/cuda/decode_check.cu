@@ -153,7 +153,8 @@ static Call make_call(const DecodeCase& c, int cache_rows, int max_pages, int nu
 // kV2RegsAnywhere (the register loop on any device; the default takes it only where the
 // peak DRAM bandwidth is >= kRegsMinPeakGBs), 15 = 14 with 2 groups a warp prefetched
 // into L2 before the wait for the previous grid (kV2WarmShift).
-// The default (kV2Default) is kV2Short | kV2Lean | kV2Pdl | kV2Drift | kV2Regs.
+// The default (kV2Default) is kV2Short | kV2Lean | kV2Pdl | kV2Drift | kV2Regs, with 1 group
+// a warp of warm-up (1 << kV2WarmShift).
 constexpr int kShortNoCluster = jc::kV2Short & ~jc::kV2Cluster;
 constexpr int kNoWarm = jc::kDecodeV2DefaultVariant & ~(3 << jc::kV2WarmShift);
 constexpr int kRegsWarm2 = kNoWarm | jc::kV2RegsAnywhere | (2 << jc::kV2WarmShift);

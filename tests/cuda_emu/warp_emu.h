@@ -140,6 +140,12 @@ inline std::vector<Region>& regions() {
   static std::vector<Region> r;
   return r;
 }
+// Whether bytes [p, p + n) lie inside one registered buffer.
+inline bool inside_regions(const char* p, size_t n) {
+  for (const auto& r : regions())
+    if (p >= r.lo && p + n <= r.lo + r.bytes) return true;
+  return false;
+}
 inline std::mutex& oob_mu() {
   static std::mutex m;
   return m;

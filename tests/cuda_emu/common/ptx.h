@@ -82,12 +82,11 @@ template <bool kL2Line = false>
 inline uint4 ldg_stream_16(const void* gmem, bool valid) {
   if (!valid) return make_uint4(0, 0, 0, 0);
   const char* p = static_cast<const char*>(gmem);
-  for (const auto& r : warp_emu::regions())
-    if (p >= r.lo && p + 16 <= r.lo + r.bytes) {
-      uint4 v;
-      std::memcpy(&v, p, 16);
-      return v;
-    }
+  if (warp_emu::inside_regions(p, 16)) {
+    uint4 v;
+    std::memcpy(&v, p, 16);
+    return v;
+  }
   std::lock_guard<std::mutex> lk(warp_emu::oob_mu());
   ++warp_emu::oob_reads();
   return make_uint4(0, 0, 0, 0);
@@ -102,9 +101,7 @@ inline void prefetch_l2(const void* gmem) {
   const char* p = static_cast<const char*>(gmem);
   std::lock_guard<std::mutex> lk(warp_emu::oob_mu());
   warp_emu::prefetched().push_back(p);
-  for (const auto& r : warp_emu::regions())
-    if (p >= r.lo && p + 128 <= r.lo + r.bytes) return;
-  ++warp_emu::oob_reads();
+  if (!warp_emu::inside_regions(p, 128)) ++warp_emu::oob_reads();
 }
 
 }  // namespace jaxattn::ptx
